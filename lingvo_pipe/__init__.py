@@ -1,0 +1,1 @@
+"""lingvo_pipe: GPipe pipeline parallelism on a Lingvo-style layer library."""
