@@ -1,0 +1,246 @@
+"""One pipelined FProp and its gradient: the tasks of `schedule.py` as ops.
+
+`PipelineRun.Call(leaves)` is a `tf.custom_gradient` function of the input
+tensors and every partition's theta tensors:
+
+  forward:   split inputs into M micro-batches (device 0)
+             for each F(k, m) in schedule order:
+               on device k, after F(k, m-1):  y[k][m] = cell_k(x[k][m])
+               (under a tape if partition k keeps its activations)
+             concat y[K-1][*] (device K-1)
+  backward:  split dy into M (device K-1)
+             for each B(k, m) in schedule order:
+               on device k, after B(k, m+1):
+                 kept tape, or re-compute cell_k(x[k][m]) under a new tape
+                 dx[k][m], dtheta = gradient(y, [x, theta_k], dy[k][m])
+                 acc_k = dtheta (m = M-1), else acc_k + dtheta
+             concat dx[0][*] (device 0)
+
+"after" is a control dependency on the previous task of the same device,
+so each device runs its tasks in schedule order whatever the executor
+would prefer. Re-computation traces the cell under `NoStatUpdates`, so
+statistics (BatchNorm) are accumulated once per micro-batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from lingvo_pipe.core import schedule
+
+
+def _IsFloat(x: tf.Tensor) -> bool:
+  return x.dtype.is_floating or x.dtype.is_complex
+
+
+def _After(deps: Sequence[tf.Tensor], xs: Sequence[Optional[tf.Tensor]]
+           ) -> List[Optional[tf.Tensor]]:
+  """`xs` through identities that run only after `deps` (graph mode)."""
+  if not deps or tf.executing_eagerly():
+    return list(xs)
+  with tf.control_dependencies(list(deps)):
+    return [None if x is None else tf.identity(x) for x in xs]
+
+
+def _FirstLine(err: Exception) -> str:
+  text = str(err).strip().splitlines()
+  return text[0] if text else type(err).__name__
+
+
+def _Shapes(structure: Any) -> str:
+  return str(tf.nest.map_structure(lambda t: t.shape.as_list(), structure))
+
+
+class PipelineRun:
+  """The ops of one FProp of a PipeliningLayer (see module docstring)."""
+
+  def __init__(self, layer: Any, num_micro_batches: int, in_structure: Any,
+               thetas: List[Any]):
+    self._layer = layer
+    self._cells = layer.cells
+    self._devices = layer.devices
+    self._axis = layer.params.batch_dim
+    self._k = len(self._cells)
+    self._m = num_micro_batches
+    self._in_structure = in_structure
+    self._thetas = thetas
+    self._out_structure = None
+    # Per (k, m): the partition's input leaves, and its tape when kept.
+    self._x: Dict[Tuple[int, int], List[tf.Tensor]] = {}
+    self._tapes: Dict[Tuple[int, int], Tuple[tf.GradientTape, Any]] = {}
+    # Partition k's input structure (k = 0: the pipeline's inputs).
+    self._structures: Dict[int, Any] = {0: in_structure}
+    # Full-batch outputs, and each device's last forward task's outputs.
+    self._outputs: List[tf.Tensor] = []
+    self._last_forward: Dict[int, List[tf.Tensor]] = {}
+
+  # ---- forward ---------------------------------------------------------
+
+  def Call(self, leaves: List[tf.Tensor]) -> Any:
+    theta_leaves = [tf.nest.flatten(t) for t in self._thetas]
+    sizes = [len(t) for t in theta_leaves]
+    num_in = len(leaves)
+
+    @tf.custom_gradient
+    def Run(*args):
+      xs = list(args[:num_in])
+      flat_thetas, start = [], num_in
+      for size in sizes:
+        flat_thetas.append(list(args[start:start + size]))
+        start += size
+      outputs = self._Forward(xs, flat_thetas)
+
+      def Grad(*dys):
+        return self._Backward(list(dys), xs, flat_thetas)
+
+      return outputs, Grad
+
+    flat_theta_args = [x for t in theta_leaves for x in t]
+    flat_out = Run(*leaves, *flat_theta_args)
+    if not isinstance(flat_out, (list, tuple)):
+      flat_out = [flat_out]
+    return tf.nest.pack_sequence_as(self._out_structure, list(flat_out))
+
+  def _Split(self, leaves: List[Optional[tf.Tensor]], device: str
+             ) -> List[List[Optional[tf.Tensor]]]:
+    """[leaf] -> [micro-batch][leaf]; a None leaf stays None."""
+    with tf.device(device), tf.name_scope('split'):
+      parts = [[None] * self._m if x is None else
+               tf.split(x, self._m, axis=self._axis) for x in leaves]
+    return [[p[m] for p in parts] for m in range(self._m)]
+
+  def _Concat(self, per_micro: List[List[Optional[tf.Tensor]]], device: str
+              ) -> List[Optional[tf.Tensor]]:
+    """[micro-batch][leaf] -> [leaf], None where a leaf has no values."""
+    out = []
+    with tf.device(device), tf.name_scope('concat'):
+      for i in range(len(per_micro[0])):
+        column = [row[i] for row in per_micro]
+        if any(c is None for c in column):
+          out.append(None)
+        else:
+          out.append(tf.concat(column, axis=self._axis))
+    return out
+
+  def _Forward(self, xs: List[tf.Tensor],
+               thetas: List[List[tf.Tensor]]) -> List[tf.Tensor]:
+    micro = self._Split(xs, self._devices[0])
+    state = {(0, m): micro[m] for m in range(self._m)}
+    structure = self._structures
+    last_on_device = self._last_forward
+    outputs = [None] * self._m
+    for task in schedule.GPipeSchedule(self._k, self._m, backward=False):
+      k, m = task.partition, task.micro_batch
+      with tf.device(self._devices[k]), tf.name_scope(f'cell_{k}/fwd_{m}'):
+        x = _After(last_on_device.get(k, []), state.pop((k, m)))
+        self._x[(k, m)] = x
+        y = self._RunCell(k, m, thetas[k], structure[k], x,
+                          keep_tape=self._layer._KeepsActivations(k))  # pylint: disable=protected-access
+      structure[k + 1] = y
+      y_leaves = tf.nest.flatten(y)
+      self._CheckBatch(k, m, y_leaves)
+      last_on_device[k] = y_leaves
+      if k + 1 < self._k:
+        state[(k + 1, m)] = y_leaves
+      else:
+        outputs[m] = y_leaves
+    self._out_structure = structure[self._k]
+    self._outputs = self._Concat(outputs, self._devices[-1])
+    return self._outputs
+
+  def _RunCell(self, k: int, m: int, theta_leaves: List[tf.Tensor],
+               in_structure: Any, x: List[tf.Tensor], keep_tape: bool,
+               ) -> Any:
+    cell = self._cells[k]
+    theta = tf.nest.pack_sequence_as(self._thetas[k], theta_leaves)
+    inputs = tf.nest.pack_sequence_as(in_structure, x)
+    if not keep_tape:
+      return self._CallCell(k, cell, theta, inputs)
+    tape = tf.GradientTape(watch_accessed_variables=False)
+    with tape:
+      tape.watch([t for t in x + theta_leaves if _IsFloat(t)])
+      y = self._CallCell(k, cell, theta, inputs)
+    self._tapes[(k, m)] = (tape, y)
+    return y
+
+  def _CallCell(self, k: int, cell: Any, theta: Any, inputs: Any) -> Any:
+    try:
+      return cell.FProp(theta, inputs)
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as err:
+      source = ('the pipeline inputs' if k == 0 else
+                f"the output of partition {k - 1} ('cell_{k - 1}')")
+      raise ValueError(
+          f"PipeliningLayer '{self._layer.path}': partition {k} "
+          f"('cell_{k}') cannot take {source} of shapes {_Shapes(inputs)}: "
+          f'{_FirstLine(err)}') from err
+
+  def _CheckBatch(self, k: int, m: int, leaves: List[tf.Tensor]) -> None:
+    want = self._x[(k, m)][0].shape[self._axis]
+    for y in leaves:
+      if y.shape.rank is None or y.shape.rank <= self._axis or (
+          y.shape[self._axis] != want):
+        raise ValueError(
+            f"PipeliningLayer '{self._layer.path}': partition {k} "
+            f"('cell_{k}') returned shape {y.shape}; every output needs "
+            f'the micro-batch ({want}) on axis {self._axis}.')
+
+  # ---- backward --------------------------------------------------------
+
+  def _Backward(self, dys: List[Optional[tf.Tensor]], xs: List[tf.Tensor],
+                thetas: List[List[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
+    last = self._devices[-1]
+    with tf.device(last):
+      dys = [None if not _IsFloat(y) else
+             tf.zeros_like(y) if dy is None else dy
+             for dy, y in zip(dys, self._outputs)]
+    micro_dy = self._Split(dys, last)
+    dstate = {(self._k - 1, m): micro_dy[m] for m in range(self._m)}
+    acc: List[Optional[List[Optional[tf.Tensor]]]] = [None] * self._k
+    last_on_device = dict(self._last_forward)
+    dx0: List[Optional[List[Optional[tf.Tensor]]]] = [None] * self._m
+    for task in schedule.GPipeSchedule(self._k, self._m):
+      if task.phase != 'B':
+        continue
+      k, m = task.partition, task.micro_batch
+      with tf.device(self._devices[k]), tf.name_scope(f'cell_{k}/bwd_{m}'):
+        dx, dtheta = self._BackwardTask(
+            k, m, thetas[k], dstate.pop((k, m)), last_on_device[k])
+        acc[k] = dtheta if acc[k] is None else [
+            a if g is None else a + g for a, g in zip(acc[k], dtheta)]
+      last_on_device[k] = [t for t in dx + acc[k] if t is not None]
+      if k > 0:
+        dstate[(k - 1, m)] = dx
+      else:
+        dx0[m] = dx
+    dxs = self._Concat(dx0, self._devices[0])
+    return dxs + [g for part in acc for g in part]
+
+  def _BackwardTask(self, k: int, m: int, theta_leaves: List[tf.Tensor],
+                    dy: List[Optional[tf.Tensor]], after: List[tf.Tensor],
+                    ) -> Tuple[List[Optional[tf.Tensor]],
+                               List[Optional[tf.Tensor]]]:
+    """B(k, m): (d inputs, d theta_k), each None where not floating."""
+    x = self._x.pop((k, m))
+    kept = self._tapes.pop((k, m), None)
+    if kept is not None:
+      tape, y = kept
+      dy = _After(after, dy)
+    else:
+      x = _After(after, x)
+      tape = tf.GradientTape(watch_accessed_variables=False)
+      with tape, self._cells[k].NoStatUpdates():
+        tape.watch([t for t in x + theta_leaves if _IsFloat(t)])
+        y = self._CallCell(
+            k, self._cells[k],
+            tf.nest.pack_sequence_as(self._thetas[k], theta_leaves),
+            tf.nest.pack_sequence_as(self._structures[k], x))
+    pairs = [(t, d) for t, d in zip(tf.nest.flatten(y), dy) if _IsFloat(t)]
+    sources = [t for t in x + theta_leaves if _IsFloat(t)]
+    grads = iter(tape.gradient(
+        [t for t, _ in pairs], sources,
+        output_gradients=[d for _, d in pairs],
+        unconnected_gradients=tf.UnconnectedGradients.ZERO))
+    full = [next(grads) if _IsFloat(t) else None for t in x + theta_leaves]
+    return full[:len(x)], full[len(x):]
