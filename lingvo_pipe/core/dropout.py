@@ -4,16 +4,15 @@ GPipe re-computes forward passes and splits batches into micro-batches; a
 mask drawn from a random-number state would differ between the first pass
 and the re-computation, and between one batch split and another. Here every
 example carries an int64 key (from `ExampleKeys(step, ...)`), and each mask
-element is a hash of (key, layer path, element index):
+element is a hash of (key, layer seed path, element index):
 
-  u[b, i] = Hash(key[b], Hash(layer_salt, i)) / 2**32
-  keep[b, i] = u[b, i] < keep_prob
+  h[b, i] = Mix32(key[b] ^ (i * 0x9E3779B1 + layer_salt))      (uint32)
+  keep[b, i] = h[b, i] < keep_prob * 2**32
 
 So the mask of an example does not depend on which micro-batch, partition
-or device it lands in, nor on how often it is computed.
-
-All arithmetic is int64 on values below 2**32 times constants below 2**27,
-so nothing overflows and the hash is the same on every device.
+or device it lands in, nor on how often it is computed. `Mix32` is the
+murmur3 32-bit finaliser; uint32 arithmetic wraps, the same on every
+device. Few ops on purpose: graph building costs about 1 ms per op here.
 """
 
 from __future__ import annotations
@@ -26,37 +25,34 @@ import tensorflow as tf
 from lingvo_pipe.core import base_layer
 from lingvo_pipe.core.nested_map import NestedMap
 
-_MASK32 = 0xFFFFFFFF
-_MIX = 0x45D9F3B
+_GOLDEN = 0x9E3779B1
+
+
+def _U32(v: int) -> tf.Tensor:
+  return tf.constant(v & 0xFFFFFFFF, tf.uint32)
 
 
 def Mix32(x: tf.Tensor) -> tf.Tensor:
-  """A bijective 32-bit integer hash on int64 values in [0, 2**32)."""
-  x = tf.bitwise.bitwise_and(
-      tf.bitwise.bitwise_xor(tf.bitwise.right_shift(x, 16), x) * _MIX,
-      _MASK32)
-  x = tf.bitwise.bitwise_and(
-      tf.bitwise.bitwise_xor(tf.bitwise.right_shift(x, 16), x) * _MIX,
-      _MASK32)
-  return tf.bitwise.bitwise_xor(tf.bitwise.right_shift(x, 16), x)
+  """The murmur3 finaliser: a bijective, well-mixing hash of uint32."""
+  xor, shift = tf.bitwise.bitwise_xor, tf.bitwise.right_shift
+  x = xor(x, shift(x, _U32(16))) * _U32(0x85EBCA6B)
+  x = xor(x, shift(x, _U32(13))) * _U32(0xC2B2AE35)
+  return xor(x, shift(x, _U32(16)))
 
 
-def _Const64(v: int) -> tf.Tensor:
-  return tf.constant(v & _MASK32, tf.int64)
-
-
-def ExampleKeys(step: tf.Tensor, batch_size: int,
+def ExampleKeys(step: tf.Tensor, batch_size: int, *,
                 seed: int = 0, offset: int = 0) -> tf.Tensor:
   """int64 [batch_size] keys, one per example of the batch at `step`.
 
   Example `offset + i` of step `step` always gets the same key, whatever
-  batch or micro-batch it is part of.
+  batch or micro-batch it is part of. Keys are in [0, 2**32).
   """
-  step = tf.cast(step, tf.int64)
-  step_hash = Mix32(tf.bitwise.bitwise_xor(
-      Mix32(tf.bitwise.bitwise_and(step, _MASK32)), _Const64(seed)))
-  index = tf.range(offset, offset + batch_size, dtype=tf.int64)
-  return Mix32(tf.bitwise.bitwise_xor(Mix32(index), step_hash))
+  step = tf.cast(tf.cast(step, tf.int64) % (2**32), tf.uint32)
+  step_hash = Mix32(tf.bitwise.bitwise_xor(Mix32(step), _U32(seed)))
+  index = tf.cast(tf.range(offset, offset + batch_size, dtype=tf.int64),
+                  tf.uint32)
+  keys = Mix32(tf.bitwise.bitwise_xor(index * _U32(_GOLDEN), step_hash))
+  return tf.cast(keys, tf.int64)
 
 
 def _PathSalt(path: str) -> int:
@@ -66,19 +62,17 @@ def _PathSalt(path: str) -> int:
 def KeepMask(example_keys: tf.Tensor, shape: tf.Tensor, salt: int,
              keep_prob: float) -> tf.Tensor:
   """bool mask of `shape` ([batch, ...]); row b depends only on key[b]."""
-  shape = tf.cast(shape, tf.int64)
   per_example = tf.reduce_prod(shape[1:])
-  index = tf.reshape(tf.range(per_example, dtype=tf.int64), shape[1:])
-  element_hash = Mix32(tf.bitwise.bitwise_xor(Mix32(index), _Const64(salt)))
-  keys = tf.reshape(tf.cast(example_keys, tf.int64),
+  index = tf.reshape(tf.cast(tf.range(per_example), tf.uint32), shape[1:])
+  element = index * _U32(_GOLDEN) + _U32(salt)
+  keys = tf.reshape(tf.cast(example_keys, tf.uint32),
                     tf.concat([shape[:1], tf.ones_like(shape[1:])], 0))
-  h = Mix32(tf.bitwise.bitwise_xor(element_hash, keys))
-  threshold = int(round(keep_prob * 2**32))
-  return h < threshold
+  threshold = min(int(round(keep_prob * 2**32)), 2**32 - 1)
+  return Mix32(tf.bitwise.bitwise_xor(element, keys)) < _U32(threshold)
 
 
 class DropoutLayer(base_layer.BaseLayer):
-  """y = x * mask / keep_prob in training, y = x in eval.
+  """y = x * mask * (1 / keep_prob) in training, y = x in eval.
 
   FProp(theta, inputs [batch, ...], example_keys [batch] int64). The mask
   of example b depends only on example_keys[b], this layer's path and the
@@ -109,11 +103,24 @@ class DropoutLayer(base_layer.BaseLayer):
       raise ValueError(
           f"Dropout '{self.path}' needs example_keys in training; pass "
           'dropout.ExampleKeys(step, batch_size) with the inputs.')
+    if (example_keys.shape.rank != 1 or
+        not example_keys.shape.is_compatible_with(inputs.shape[:1])):
+      raise ValueError(
+          f"Dropout '{self.path}': example_keys of shape "
+          f'{example_keys.shape} do not match inputs {inputs.shape}; pass '
+          'one key per example.')
     mask = KeepMask(example_keys, tf.shape(inputs), self._salt, keep_prob)
-    return tf.where(mask, inputs / tf.cast(keep_prob, inputs.dtype),
-                    tf.zeros_like(inputs))
+    # Multiply by the reciprocal in the input's own dtype: Grappler turns a
+    # division by a constant into this anyway, and eager must agree.
+    scale = tf.constant(1.0 / keep_prob, inputs.dtype)
+    return tf.where(mask, inputs * scale, tf.zeros_like(inputs))
 
   @classmethod
   def FPropMeta(cls, params, input_shape, *unused):
+    input_shape = tf.TensorShape(input_shape)
+    if not input_shape.is_fully_defined():
+      raise ValueError(
+          f'DropoutLayer.FPropMeta needs a fully known shape, got '
+          f'{input_shape}.')
     return NestedMap(flops=10 * input_shape.num_elements(),
                      out_shapes=(input_shape,))
