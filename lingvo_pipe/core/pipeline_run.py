@@ -41,7 +41,8 @@ def _After(deps: Sequence[tf.Tensor], xs: Sequence[Optional[tf.Tensor]]
   if not deps or tf.executing_eagerly():
     return list(xs)
   with tf.control_dependencies(list(deps)):
-    return [None if x is None else tf.identity(x) for x in xs]
+    return [None if x is None else tf.identity(x, name='after')
+            for x in xs]
 
 
 def _FirstLine(err: Exception) -> str:

@@ -1,0 +1,417 @@
+"""PipeliningLayer against a plain sequential reference on one device.
+
+The model is a stack of L layers over a NestedMap state of mixed dtypes:
+`vec` (float64 [b, d], transformed), `skip` (float64 [b, d], carried and
+mixed in), `example_keys` (int64 [b], for dropout). The pipeline and the
+reference share seed paths, so they start from identical weights
+(checked); every variable's gradient is compared, never a sum or a norm.
+"""
+
+import itertools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+
+from lingvo_pipe.core import devices
+
+devices.SplitCpu(4)
+
+from lingvo_pipe.core import base_layer  # noqa: E402
+from lingvo_pipe.core import dropout  # noqa: E402
+from lingvo_pipe.core import gpipe  # noqa: E402
+from lingvo_pipe.core import layers  # noqa: E402
+from lingvo_pipe.core import normalization  # noqa: E402
+from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
+
+DIM = 3
+BATCH = 8
+NUM_LAYERS = 4
+
+
+class Block(base_layer.BaseLayer):
+  """state.vec <- tanh(dropout(state.vec) @ w + b) + 0.5 * state.skip.
+
+  FProp(theta, NestedMap(vec [b, d], skip [b, d], example_keys [b] int64)); an
+  optional BatchNorm follows the projection. Counts its executions in
+  `calls` when counting is on (a stateful op, so it runs every time).
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('dim', DIM, 'Width.')
+    p.Define('keep_prob', 1.0, 'Dropout keep probability.')
+    p.Define('batch_norm', False, 'Whether to add a BatchNorm.')
+    p.Define('count_calls', False, 'Whether to count executions.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    self.CreateChild('proj', layers.ProjectionLayer.Params().Set(
+        input_dim=p.dim, output_dim=p.dim))
+    self.CreateChild('drop', dropout.DropoutLayer.Params().Set(
+        keep_prob=p.keep_prob))
+    if p.batch_norm:
+      self.CreateChild('bn', normalization.BatchNormLayer.Params().Set(
+          dim=p.dim, decay=0.5))
+    if p.count_calls:
+      self.calls = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+  def FProp(self, theta, state):
+    h = self.drop.FProp(theta.drop, state.vec, state.example_keys)
+    h = self.proj.FProp(theta.proj, h)
+    if self.params.batch_norm:
+      h = self.bn.FProp(theta.bn, h)
+    if self.params.count_calls:
+      self.calls.assign_add(1)
+    return NestedMap(vec=tf.tanh(h) + 0.5 * state.skip, skip=state.skip,
+                     example_keys=state.example_keys)
+
+
+def _LayerParams(**kwargs):
+  return [Block.Params().Set(name=f'block{i}', dtype=tf.float64, **kwargs)
+          for i in range(NUM_LAYERS)]
+
+
+def _Reference(**kwargs):
+  return layers.SequentialLayer.Params().Set(
+      name='model', dtype=tf.float64, sub=_LayerParams(**kwargs)
+  ).Instantiate()
+
+
+def _Pipeline(k, m, recompute, **kwargs):
+  layer_ps = _LayerParams(**kwargs)
+  bounds = [round(i * NUM_LAYERS / k) for i in range(k + 1)]
+  cells = [layers.SequentialLayer.Params().Set(sub=layer_ps[a:b])
+           for a, b in zip(bounds, bounds[1:])]
+  return gpipe.PipeliningLayer.Params().Set(
+      name='model', dtype=tf.float64, cell_tpl=cells, num_micro_batches=m,
+      recompute=recompute).Instantiate()
+
+
+def _Inputs(step=7):
+  x = tf.random.stateless_normal([BATCH, DIM], [1, 2], dtype=tf.float64)
+  skip = tf.random.stateless_normal([BATCH, DIM], [3, 4], dtype=tf.float64)
+  return NestedMap(vec=x, skip=skip,
+                   example_keys=dropout.ExampleKeys(step, BATCH))
+
+
+def _Loss(out):
+  target = tf.reshape(tf.range(BATCH * DIM, dtype=tf.float64), [BATCH, DIM])
+  return tf.reduce_sum(out.vec * out.vec * target) / BATCH
+
+
+def _BlockVars(layer):
+  """block name -> {var path below the block: variable}, for both models."""
+  found = {}
+  for var in layer.vars.Flatten():
+    parts = var.name.split(':')[0].split('/')
+    block = next(p for p in parts if p.startswith('block'))
+    rest = '/'.join(parts[parts.index(block) + 1:])
+    found.setdefault(block, {})[rest] = var
+  return found
+
+
+def _Device(name):
+  """A device name without the local job/replica/task, for comparison."""
+  spec = tf.DeviceSpec.from_string(name)
+  if spec.job in (None, 'localhost'):
+    spec = spec.replace(job=None, replica=None, task=None)
+  return spec.to_string()
+
+
+def _PairedVariables(pipe, ref):
+  pv, rv = _BlockVars(pipe), _BlockVars(ref)
+  assert sorted(pv) == sorted(rv), (sorted(pv), sorted(rv))
+  return [(pv[b][n], rv[b][n]) for b in sorted(rv) for n in sorted(rv[b])]
+
+
+def _Function(fn):
+  return tf.function(fn, autograph=False)
+
+
+def _Grads(layer, inputs, fn_wrapper=_Function):
+  variables = layer.vars.Flatten()
+
+  def Step(inputs):
+    with tf.GradientTape() as tape:
+      tape.watch(inputs.vec)
+      loss = _Loss(layer.FPropDefaultTheta(inputs))
+    grads = tape.gradient(loss, variables + [inputs.vec],
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return loss, grads
+
+  loss, grads = fn_wrapper(Step)(inputs)
+  by_var = {id(v): g for v, g in zip(variables, grads)}
+  return loss, by_var, grads[-1]
+
+
+def _SplitReferenceGrads(ref, inputs, m):
+  """Reference on the same micro-batch split, summed m = M-1 .. 0.
+
+  Run eagerly: a plain model with no graph rewriting. (In a tf.function,
+  Grappler's arithmetic optimiser re-associates this chain of sums, so
+  the reference itself would change in the last bit.)
+  """
+  variables = ref.vars.Flatten()
+
+  def Step(inputs):
+    parts = [NestedMap(zip(sorted(inputs), t)) for t in zip(*[
+        tf.split(inputs[key], m) for key in sorted(inputs)])]
+    tapes, outs = [], []
+    for part in parts:
+      tape = tf.GradientTape()
+      with tape:
+        tape.watch(part.vec)
+        outs.append(ref.FProp(ref.theta, part))
+      tapes.append(tape)
+    with tf.GradientTape() as head:
+      full = [o.vec for o in outs]
+      head.watch(full)
+      loss = _Loss(NestedMap(vec=tf.concat(full, 0)))
+    dys = head.gradient(loss, full)
+    acc, dxs = None, [None] * m
+    for i in reversed(range(m)):
+      g = tapes[i].gradient(
+          outs[i].vec, variables + [parts[i].vec], output_gradients=dys[i],
+          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+      dxs[i] = g[-1]
+      acc = g[:-1] if acc is None else [a + b for a, b in zip(acc, g[:-1])]
+    return loss, acc, tf.concat(dxs, 0)
+
+  loss, acc, dx = Step(inputs)
+  return loss, {id(v): g for v, g in zip(variables, acc)}, dx
+
+
+class ExactnessTest(tf.test.TestCase, parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    tf.config.experimental.enable_op_determinism()
+    # The references do not depend on K or the recompute mode: one
+    # full-batch reference, and one same-split reference per M.
+    cls._ref = _Reference(keep_prob=0.75)
+    cls._inputs = _Inputs()
+    cls._full = _Grads(cls._ref, cls._inputs)
+    cls._split = {}
+
+  def _Split(self, m):
+    if m not in self._split:
+      self._split[m] = _SplitReferenceGrads(self._ref, self._inputs, m)
+    return self._split[m]
+
+  @parameterized.parameters(itertools.product(
+      (1, 2, 3, 4), (1, 2, 4, 8), gpipe.RECOMPUTE_MODES))
+  def testEveryGradientMatchesSequential(self, k, m, recompute):
+    # Dropout on: masks depend on the example key, not on K or M.
+    pipe = _Pipeline(k, m, recompute, keep_prob=0.75)
+    pairs = _PairedVariables(pipe, self._ref)
+    self.assertLen(pairs, 2 * NUM_LAYERS)
+    for pv, rv in pairs:  # same seed paths, so identical initial values
+      self.assertAllEqual(pv, rv)
+    ref_loss, ref_grads, ref_dx = self._full
+    loss, grads, dx = _Grads(pipe, self._inputs)
+    self.assertAllClose(ref_loss, loss, atol=1e-12, rtol=0)
+    self.assertAllClose(ref_dx, dx, atol=1e-12, rtol=0)
+    for pv, rv in pairs:
+      self.assertAllClose(ref_grads[id(rv)], grads[id(pv)], atol=1e-12,
+                          rtol=0, msg=pv.name)
+    # Same micro-batch split and op determinism: bitwise equal.
+    split_loss, split_grads, split_dx = self._Split(m)
+    self.assertAllEqual(split_loss, loss)
+    self.assertAllEqual(split_dx, dx)
+    for pv, rv in pairs:
+      self.assertAllEqual(split_grads[id(rv)], grads[id(pv)], msg=pv.name)
+
+  def testEagerMatchesFunction(self):
+    pipe = _Pipeline(2, 4, 'always', keep_prob=0.75)
+    inputs = _Inputs()
+    loss_f, grads_f, _ = _Grads(pipe, inputs)
+    loss_e, grads_e, _ = _Grads(pipe, inputs, fn_wrapper=lambda f: f)
+    self.assertAllClose(loss_f, loss_e, atol=1e-12, rtol=0)
+    for key in grads_f:
+      self.assertAllClose(grads_f[key], grads_e[key], atol=1e-12, rtol=0)
+
+  def testDropoutMasksChangeWithStep(self):
+    pipe = _Pipeline(2, 2, 'always', keep_prob=0.5)
+    out7 = pipe.FPropDefaultTheta(_Inputs(step=7)).vec
+    out8 = pipe.FPropDefaultTheta(_Inputs(step=8)).vec
+    self.assertNotAllClose(out7, out8)
+
+
+class BatchNormTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(*gpipe.RECOMPUTE_MODES)
+  def testMicroBatchNormAndFullBatchMovingAverages(self, recompute):
+    m = 4
+    ref = _Reference(batch_norm=True)
+    pipe = _Pipeline(2, m, recompute, batch_norm=True)
+    pairs = _PairedVariables(pipe, ref)
+    inputs = _Inputs()
+    # Normalisation is per micro-batch: the same split reference agrees.
+    split_loss, split_grads, _ = _SplitReferenceGrads(ref, inputs, m)
+    loss, grads, _ = _Grads(pipe, inputs)
+    self.assertAllClose(split_loss, loss, atol=1e-12, rtol=0)
+    for pv, rv in pairs:
+      self.assertAllClose(split_grads[id(rv)], grads[id(pv)], atol=1e-12,
+                          rtol=0, msg=pv.name)
+    # Re-computation added nothing: each BatchNorm saw the batch once.
+    for bn in [layer for layer in pipe.Layers()
+               if isinstance(layer, normalization.BatchNormLayer)]:
+      self.assertEqual(float(bn.accumulators.acc_count), BATCH, bn.path)
+    # Moving averages equal one update with the full mini-batch moments of
+    # each BatchNorm's input, computed here with the pipeline's forward.
+    expected = self._FullBatchMoments(pipe, inputs, m)
+    pipe.UpdateStats()
+    for bn, (mean, var) in expected.items():
+      self.assertAllClose(bn.vars.moving_mean, 0.5 * mean, atol=1e-12,
+                          rtol=0)
+      self.assertAllClose(bn.vars.moving_variance, 0.5 + 0.5 * var,
+                          atol=1e-12, rtol=0)
+      self.assertEqual(float(bn.accumulators.acc_count), 0.0)
+
+  def _FullBatchMoments(self, pipe, inputs, m):
+    """BatchNorm input of each block over the whole batch, in numpy."""
+    moments = {}
+    state = inputs
+    blocks = [b for cell in pipe.cells for b in cell.sub_layers]
+    parts = [NestedMap(zip(sorted(state), t)) for t in zip(*[
+        tf.split(state[key], m) for key in sorted(state)])]
+    for block in blocks:
+      theta = block.theta
+      with block.NoStatUpdates():
+        hs = [block.proj.FProp(theta.proj, p.vec) for p in parts]
+        parts = [block.FProp(theta, p) for p in parts]
+      h = np.concatenate([x.numpy() for x in hs])
+      moments[block.bn] = (h.mean(0), h.var(0))
+    return moments
+
+
+class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(
+      ('always', [2, 2]), ('except_last', [2, 1]), ('never', [1, 1]))
+  def testForwardRunsPerMicroBatch(self, recompute, per_micro_batch):
+    m = 4
+    pipe = _Pipeline(2, m, recompute, count_calls=True)
+    _Grads(pipe, _Inputs())
+    for k, cell in enumerate(pipe.cells):
+      for block in cell.sub_layers:
+        self.assertEqual(int(block.calls), per_micro_batch[k] * m,
+                         f'{block.path} ({recompute})')
+
+  def _TrainGraph(self, pipe):
+    variables = pipe.vars.Flatten()
+
+    @_Function
+    def Step(inputs):
+      with tf.GradientTape() as tape:
+        loss = _Loss(pipe.FPropDefaultTheta(inputs))
+      return tape.gradient(loss, variables)
+
+    return Step.get_concrete_function(_Inputs()).graph
+
+  @parameterized.parameters(*gpipe.RECOMPUTE_MODES)
+  def testEveryOpOfPartitionKOnDeviceK(self, recompute):
+    pipe = _Pipeline(4, 2, recompute, keep_prob=0.5)
+    for k, cell in enumerate(pipe.cells):
+      for var in cell.vars.Flatten():
+        self.assertEqual(_Device(var.device), _Device(pipe.devices[k]))
+    graph = self._TrainGraph(pipe)
+    seen = set()
+    for op in graph.get_operations():
+      for k in range(4):
+        if f'cell_{k}/' in op.name:
+          seen.add((k, 'bwd' if '/bwd_' in op.name else 'fwd'))
+          self.assertEqual(_Device(op.device), _Device(pipe.devices[k]),
+                           f'{op.name} ({op.type})')
+    self.assertEqual(seen, {(k, d) for k in range(4) for d in ('fwd', 'bwd')})
+
+  @parameterized.parameters(*gpipe.RECOMPUTE_MODES)
+  def testActivationsKeptOnlyWithoutRecompute(self, recompute):
+    """Backward of cell k reads from its forward only the gated inputs."""
+    pipe = _Pipeline(2, 2, recompute)
+    graph = self._TrainGraph(pipe)
+    kept = {0: False, 1: False}
+    for op in graph.get_operations():
+      for k in (0, 1):
+        if f'cell_{k}/bwd_' not in op.name:
+          continue
+        for t in op.inputs:
+          src = t.op.name
+          gate = src.split('/')[-1].startswith('after')
+          if f'cell_{k}/fwd_' in src and not gate:
+            kept[k] = True
+    expect = {'always': {0: False, 1: False},
+              'except_last': {0: False, 1: True},
+              'never': {0: True, 1: True}}[recompute]
+    self.assertEqual(kept, expect)
+
+
+class ErrorTest(tf.test.TestCase):
+
+  def _Cells(self, dims):
+    return [layers.ProjectionLayer.Params().Set(input_dim=a, output_dim=b)
+            for a, b in zip(dims, dims[1:])]
+
+  def _Build(self, **kwargs):
+    p = gpipe.PipeliningLayer.Params().Set(
+        name='pipe', cell_tpl=self._Cells([3, 3, 3]))
+    return p.Set(**kwargs).Instantiate()
+
+  def testMicroBatchSizeMustDivideBatch(self):
+    pipe = self._Build(micro_batch_size=3)
+    with self.assertRaisesRegex(ValueError, 'batch size 8 is not a multiple '
+                                'of micro_batch_size=3'):
+      pipe.FPropDefaultTheta(tf.zeros([8, 3]))
+
+  def testMoreMicroBatchesThanExamples(self):
+    pipe = self._Build(num_micro_batches=16)
+    with self.assertRaisesRegex(ValueError, 'num_micro_batches=16 is larger '
+                                'than the batch size 8'):
+      pipe.FPropDefaultTheta(tf.zeros([8, 3]))
+
+  def testUnevenSplit(self):
+    pipe = self._Build(num_micro_batches=3)
+    with self.assertRaisesRegex(ValueError, 'does not split into'):
+      pipe.FPropDefaultTheta(tf.zeros([8, 3]))
+
+  def testFewerDevicesThanPartitions(self):
+    with self.assertRaisesRegex(ValueError, '2 partitions but p.devices '
+                                'lists 1'):
+      self._Build(devices=['/device:CPU:0'])
+
+  def testTooManyPartitionsForTheRuntime(self):
+    p = gpipe.PipeliningLayer.Params().Set(
+        name='pipe', cell_tpl=self._Cells([3] * 7))
+    with self.assertRaisesRegex(ValueError, r'SplitCpu\(6\)'):
+      p.Instantiate()
+
+  def testUnknownDevice(self):
+    with self.assertRaisesRegex(ValueError, "device '/device:GPU:7' of "
+                                'partition 1 is not one of'):
+      self._Build(devices=['/device:CPU:0', '/device:GPU:7'])
+
+  def testPartitionsThatDoNotFit(self):
+    p = gpipe.PipeliningLayer.Params().Set(
+        name='pipe', cell_tpl=self._Cells([3, 4]) + self._Cells([5, 2]))
+    pipe = p.Instantiate()
+    msg = (r"partition 1 \('cell_1'\) cannot take the output of partition 0 "
+           r"\('cell_0'\) of shapes \[8, 4\]: ProjectionLayer 'pipe/cell_1': "
+           'input shape .* expected 5')
+    with self.assertRaisesRegex(ValueError, msg):
+      pipe.FPropDefaultTheta(tf.zeros([8, 3]))
+    with self.assertRaisesRegex(ValueError, msg):
+      _Function(pipe.FPropDefaultTheta)(tf.zeros([8, 3]))
+
+  def testBadRecomputeMode(self):
+    with self.assertRaisesRegex(ValueError, "recompute='sometimes'"):
+      self._Build(recompute='sometimes')
+
+
+if __name__ == '__main__':
+  absltest.main()
