@@ -1,0 +1,104 @@
+"""Checkpointer: save, restore, fall back, and survive SIGKILL mid-save."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from absl.testing import absltest
+import tensorflow as tf
+
+from lingvo_pipe.core import checkpointer
+
+
+class CheckpointerTest(tf.test.TestCase):
+
+  def _Vars(self):
+    return {'model/w': tf.Variable([1.0, 2.0]),
+            'global_step': tf.Variable(0, dtype=tf.int64)}
+
+  def testSaveRestoreAndKeep(self):
+    directory = self.create_tempdir().full_path
+    v = self._Vars()
+    ckpt = checkpointer.Checkpointer(directory, v, max_to_keep=2)
+    for step in (10, 20, 30):
+      v['global_step'].assign(step)
+      v['model/w'].assign([step, -step])
+      ckpt.Save(step)
+    self.assertEqual([checkpointer.StepOf(p) for p in ckpt.Paths()], [30, 20])
+    w = self._Vars()
+    path = checkpointer.Checkpointer(directory, w).RestoreLatest()
+    self.assertEqual(checkpointer.StepOf(path), 30)
+    self.assertAllEqual(w['model/w'], [30.0, -30.0])
+    self.assertEqual(int(w['global_step']), 30)
+
+  def testNoCheckpointRestoresNothing(self):
+    v = self._Vars()
+    ckpt = checkpointer.Checkpointer(self.create_tempdir().full_path, v)
+    self.assertIsNone(ckpt.RestoreLatest())
+    self.assertAllEqual(v['model/w'], [1.0, 2.0])
+
+  def testDamagedNewestFallsBackToOlder(self):
+    directory = self.create_tempdir().full_path
+    v = self._Vars()
+    ckpt = checkpointer.Checkpointer(directory, v)
+    v['global_step'].assign(1)
+    ckpt.Save(1)
+    v['global_step'].assign(2)
+    newest = ckpt.Save(2)
+    for name in tf.io.gfile.glob(newest + '.data-*'):
+      with open(name, 'wb') as f:
+        f.write(b'garbage')
+    w = self._Vars()
+    path = checkpointer.Checkpointer(directory, w).RestoreLatest()
+    self.assertEqual(checkpointer.StepOf(path), 1)
+    self.assertEqual(int(w['global_step']), 1)
+
+  def testCheckpointsOfAnotherModelAreAnErrorNotAFreshStart(self):
+    directory = self.create_tempdir().full_path
+    checkpointer.Checkpointer(directory, self._Vars()).Save(5)
+    other = {'model/w': tf.Variable([1.0, 2.0, 3.0]),
+             'global_step': tf.Variable(0, dtype=tf.int64)}
+    with self.assertRaisesRegex(RuntimeError, 'No checkpoint in .* can be '
+                                r'restored \(ckpt-5: '):
+      checkpointer.Checkpointer(directory, other).RestoreLatest()
+
+  def testSigkillDuringSavesNeverLeavesAnUnreadableLatest(self):
+    directory = self.create_tempdir().full_path
+    script = textwrap.dedent(f'''
+        import tensorflow as tf
+        from lingvo_pipe.core import checkpointer
+        v = {{'model/w': tf.Variable(tf.zeros([256, 1024])),
+              'global_step': tf.Variable(0, dtype=tf.int64)}}
+        ckpt = checkpointer.Checkpointer({directory!r}, v, max_to_keep=3)
+        print('ready', flush=True)
+        step = 0
+        while True:
+          step += 1
+          v['global_step'].assign(step)
+          v['model/w'].assign(tf.fill([256, 1024], float(step)))
+          ckpt.Save(step)
+        ''')
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    # Kill at several moments after the saving loop started.
+    for delay in (0.07, 0.31):
+      proc = subprocess.Popen([sys.executable, '-c', script], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+      self.assertEqual(proc.stdout.readline().strip(), b'ready')
+      time.sleep(delay)
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+      w = {'model/w': tf.Variable(tf.zeros([256, 1024])),
+           'global_step': tf.Variable(0, dtype=tf.int64)}
+      path = checkpointer.Checkpointer(directory, w).RestoreLatest()
+      if path is None:
+        continue
+      step = int(w['global_step'])
+      self.assertEqual(step, checkpointer.StepOf(path))
+      self.assertAllEqual(w['model/w'], tf.fill([256, 1024], float(step)))
+
+
+if __name__ == '__main__':
+  absltest.main()
