@@ -1,0 +1,449 @@
+"""BaseTask: a model's layers, its loss, and the training step around it.
+
+A task subclasses `BaseTask`, builds its layers in `__init__` and defines
+
+  ComputePredictions(theta, input_batch) -> NestedMap
+  ComputeLoss(theta, predictions, input_batch) -> (metrics, per_example)
+
+where `metrics` maps names to (value, weight) scalar pairs and has 'loss'.
+The trainer stays thin: it calls `CreateTrainState()` once, eagerly, then
+runs `TrainStep` / `EvalStep` inside its own `tf.function(autograph=False)`.
+One training step (all of it inside the trainer's tf.function):
+
+  step = global_step
+  batch.example_keys = dropout.ExampleKeys(step, batch_size)  # if missing
+  metrics = FProp(theta, batch)                    # training mode
+  grads = d metrics.loss[0] / d trainable vars
+  grad_norm = global_norm(grads)                   # before clipping
+  if clip > 0: grads *= clip / max(grad_norm, clip)
+  lr = train.learning_rate * lr_schedule.Value(step)
+  if loss and grad_norm are finite:
+    optimizer.Apply(lr, grads)                     # each on its var's device
+    var -= lr * weight_decay * var_before_step     # decoupled, if > 0
+    ema = ema_decay * ema + (1 - ema_decay) * var  # new var, if > 0
+    UpdateStats(); global_step += 1
+  else:                                            # nothing changes...
+    statistics accumulators are zeroed            # ...the batch is dropped
+
+Variables without a gradient (None) are left alone. Train/eval mode is a
+Python flag read while tracing: `TrainStep` traces in training mode and
+`EvalStep` / `DecodeStep` in eval mode, whatever the flag was before (it is
+restored afterwards). With ema_decay > 0, eval and decode read the EMA
+shadows by default.
+
+The trainer splits the CPU into logical devices before building any layer,
+so `NumDevicesNeeded(task_params)` works from params alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+import tensorflow as tf
+
+from lingvo_pipe.core import base_layer
+from lingvo_pipe.core import dropout
+from lingvo_pipe.core import ema as ema_lib
+from lingvo_pipe.core import hyperparams
+from lingvo_pipe.core import lr_schedule
+from lingvo_pipe.core import optimizer
+from lingvo_pipe.core.nested_map import NestedMap
+
+Metrics = Mapping[str, Tuple[Any, Any]]
+_TRAIN_OUTPUTS = ('learning_rate', 'grad_norm', 'is_finite', 'global_step')
+
+
+def NumDevicesNeeded(task_params: Any) -> int:
+  """The largest number of pipeline partitions anywhere in `task_params`.
+
+  Walks nested Params, lists, tuples and dicts; a Params whose `cell_tpl`
+  is a non-empty list of Params (a PipeliningLayer) needs len(cell_tpl)
+  devices. At least 1.
+  """
+  return max(1, _MaxPartitions(task_params))
+
+
+def _MaxPartitions(value: Any) -> int:
+  if isinstance(value, hyperparams.Params):
+    fields = dict(value.IterParams())
+    cells = fields.get('cell_tpl')
+    found = 0
+    if (isinstance(cells, (list, tuple, hyperparams.FrozenList)) and cells and
+        all(isinstance(c, hyperparams.Params) for c in cells)):
+      found = len(cells)
+    return max([found] + [_MaxPartitions(v) for v in fields.values()])
+  if isinstance(value, (list, tuple, hyperparams.FrozenList)):
+    return max([0] + [_MaxPartitions(v) for v in value])
+  if isinstance(value, Mapping):
+    return max([0] + [_MaxPartitions(v) for v in value.values()])
+  return 0
+
+
+class AverageMetric:
+  """Weighted mean of scalars: Update(value, weight), then `value`."""
+
+  def __init__(self) -> None:
+    self.total = 0.0
+    self.total_weight = 0.0
+
+  def Update(self, value: float, weight: float = 1.0) -> None:
+    self.total += float(value) * float(weight)
+    self.total_weight += float(weight)
+
+  @property
+  def value(self) -> float:
+    return self.total / self.total_weight if self.total_weight else 0.0
+
+
+def _TrainParams() -> hyperparams.Params:
+  p = hyperparams.Params()
+  p.Define('optimizer', optimizer.Adam.Params(), 'Optimizer params.')
+  p.Define('learning_rate', 1e-3, 'Base learning rate.')
+  p.Define('lr_schedule', lr_schedule.Constant.Params(),
+           'Schedule params; lr = learning_rate * schedule.Value(step).')
+  p.Define('clip_gradient_norm_to_value', 0.0,
+           'Clip gradients to this global norm; 0 = off.')
+  p.Define('weight_decay', 0.0,
+           'Decoupled weight decay: var -= lr * weight_decay * var on '
+           'trainable vars; 0 = off.')
+  p.Define('ema_decay', 0.0,
+           'Keep ema = d * ema + (1 - d) * var of trainable vars; 0 = off.')
+  p.Define('max_steps', 1000, 'Train until global_step reaches this.')
+  p.Define('save_interval_steps', 1000, 'Steps between checkpoints.')
+  p.Define('summary_interval_steps', 100, 'Steps between summaries.')
+  p.Define('eval_interval_steps', 1000, 'Steps between evaluations.')
+  p.Define('eval_steps', 10, 'Batches per evaluation.')
+  p.Define('checkpoints_to_keep', 5, 'Newest checkpoints kept on disk.')
+  return p
+
+
+class BaseTask(base_layer.BaseLayer):
+  """A model with a loss; the base of every task (module docstring)."""
+
+  @classmethod
+  def Params(cls) -> hyperparams.InstantiableParams:
+    p = super().Params()
+    p.name = 'task'
+    p.Define('input', None,
+             'Input generator params (the model registry sets them).')
+    p.Define('train', _TrainParams(), 'Training params.')
+    eval_p = hyperparams.Params()
+    eval_p.Define('samples_per_summary', 1000,
+                  'Examples per evaluation summary.')
+    p.Define('eval', eval_p, 'Evaluation params.')
+    return p
+
+  def __init__(self, params: hyperparams.Params) -> None:
+    super().__init__(params)
+    tp = self.params.train
+    where = f"{type(self).__name__} '{self.path}'"
+    for key in ('learning_rate', 'clip_gradient_norm_to_value',
+                'weight_decay'):
+      if tp.Get(key) < 0:
+        raise ValueError(f'{where}: train.{key}={tp.Get(key)} must be >= 0.')
+    if not 0.0 <= tp.ema_decay < 1.0:
+      raise ValueError(
+          f'{where}: train.ema_decay={tp.ema_decay} must be in [0, 1).')
+    self._optimizer = tp.optimizer.Instantiate()
+    self._lr_schedule = tp.lr_schedule.Instantiate()
+    self._train_state: Optional[NestedMap] = None
+
+  # ---- what subclasses define -------------------------------------------
+
+  def ComputePredictions(self, theta: NestedMap,
+                         input_batch: NestedMap) -> NestedMap:
+    raise NotImplementedError(
+        f'{type(self).__name__} must implement ComputePredictions(theta, '
+        'input_batch).')
+
+  def ComputeLoss(self, theta: NestedMap, predictions: NestedMap,
+                  input_batch: NestedMap) -> Tuple[Metrics, NestedMap]:
+    raise NotImplementedError(
+        f'{type(self).__name__} must implement ComputeLoss(theta, '
+        "predictions, input_batch) -> (metrics with 'loss', per_example).")
+
+  def FProp(self, theta: NestedMap,
+            input_batch: NestedMap) -> Tuple[Metrics, NestedMap]:
+    """ComputePredictions, then ComputeLoss: (metrics, per_example)."""
+    predictions = self.ComputePredictions(theta, input_batch)
+    return self.ComputeLoss(theta, predictions, input_batch)
+
+  def Decode(self, theta: NestedMap, input_batch: NestedMap) -> NestedMap:
+    raise NotImplementedError(
+        f'{type(self).__name__} has no Decode(theta, input_batch); '
+        'implement it to run the decoder.')
+
+  def CreateDecoderMetrics(self) -> Dict[str, Any]:
+    """{name: metric with Update(value, weight) and .value}; default {}."""
+    return {}
+
+  def PostProcessDecodeOut(self, decode_out: Dict[str, Any],
+                           metrics: Dict[str, Any]) -> None:
+    """Updates `metrics` from one batch of Decode output (numpy)."""
+    del decode_out, metrics
+
+  @classmethod
+  def NumDevicesNeededFromParams(cls, task_params: hyperparams.Params) -> int:
+    return NumDevicesNeeded(task_params)
+
+  def NumDevicesNeeded(self) -> int:
+    """Devices this task's pipelines need (max partitions, at least 1)."""
+    return NumDevicesNeeded(self.params)
+
+  # ---- state --------------------------------------------------------------
+
+  def _TrainableVariables(self) -> List[Tuple[str, tf.Variable]]:
+    return sorted((path, v) for path, v in self.VariablesByPath().items()
+                  if v.trainable)
+
+  def CreateTrainState(self) -> NestedMap:
+    """Creates the optimizer slots, global_step and EMA shadows, eagerly.
+
+    Each slot and shadow is on its variable's device; global_step (int64)
+    on the current device. Idempotent: returns the existing state.
+
+    Returns:
+      NestedMap(optimizer, lr_schedule, global_step, ema): ema is an
+      ema.ExponentialMovingAverage of the trainable vars, or None if
+      train.ema_decay is 0.
+    """
+    if self._train_state is not None:
+      return self._train_state
+    if not tf.executing_eagerly():
+      raise RuntimeError(
+          f"Task '{self.path}': CreateTrainState must run eagerly, before "
+          'tracing the train step.')
+    trainable = dict(self._TrainableVariables())
+    self._optimizer.CreateSlots(trainable)
+    ema = None
+    if self.params.train.ema_decay > 0:
+      ema = ema_lib.ExponentialMovingAverage(self.params.train.ema_decay)
+      ema.CreateShadows(trainable)
+    self._train_state = NestedMap(
+        optimizer=self._optimizer, lr_schedule=self._lr_schedule,
+        global_step=tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                name='global_step'),
+        ema=ema)
+    return self._train_state
+
+  @property
+  def train_state(self) -> Optional[NestedMap]:
+    """What CreateTrainState made, or None before it ran."""
+    return self._train_state
+
+  def _State(self, caller: str) -> NestedMap:
+    if self._train_state is None:
+      raise RuntimeError(
+          f"Task '{self.path}': call CreateTrainState() eagerly before "
+          f'{caller}.')
+    return self._train_state
+
+  def VariablesToCheckpoint(self) -> Dict[str, tf.Variable]:
+    """{name: variable}: model vars by path, slots, global_step, EMA.
+
+    Slots are '<var path>/<slot>', EMA shadows '<var path>/ema'; before
+    CreateTrainState only the model's variables.
+    """
+    out = dict(self.VariablesByPath())
+    extra = {}
+    if self._train_state is not None:
+      state = self._train_state
+      extra.update(state.optimizer.SlotVariables())
+      extra['global_step'] = state.global_step
+      if state.ema is not None:
+        extra.update({f'{path}/ema': v
+                      for path, v in state.ema.shadows.items()})
+    for name, var in extra.items():
+      if name in out:
+        raise ValueError(
+            f"Task '{self.path}': checkpoint name {name!r} is used twice; "
+            'rename the layer or variable that clashes with it.')
+      out[name] = var
+    return out
+
+  def EvalTheta(self, use_ema: Optional[bool] = None) -> NestedMap:
+    """theta, with EMA shadows for trainable vars if `use_ema`.
+
+    use_ema=None means: if train.ema_decay > 0 and the state exists.
+    """
+    ema = self._train_state.ema if self._train_state is not None else None
+    if use_ema is None:
+      use_ema = ema is not None
+    if not use_ema:
+      return self.theta
+    if ema is None:
+      raise ValueError(
+          f"Task '{self.path}': use_ema=True needs train.ema_decay > 0 and "
+          'CreateTrainState().')
+    return ema.Substitute(self.theta)
+
+  # ---- steps ---------------------------------------------------------------
+
+  @contextlib.contextmanager
+  def _Mode(self, training: bool) -> Iterator[None]:
+    saved = [(layer, layer.training) for layer in self.Layers()]
+    self.SetTraining(training)
+    try:
+      yield
+    finally:
+      for layer, value in saved:
+        layer.training = value
+
+  def _WithExampleKeys(self, input_batch: NestedMap,
+                       step: Any) -> NestedMap:
+    batch = NestedMap(input_batch)
+    if 'example_keys' in batch:
+      return batch
+    for leaf in tf.nest.flatten(batch):
+      leaf = tf.convert_to_tensor(leaf)
+      if leaf.shape.rank:
+        size = leaf.shape[0]
+        if size is None:
+          size = tf.shape(leaf, out_type=tf.int64)[0]
+        batch.example_keys = dropout.ExampleKeys(
+            step, size, seed=self.params.random_seed)
+        return batch
+    raise ValueError(
+        f"Task '{self.path}': the input batch has no tensor with a batch "
+        'axis; cannot make example_keys.')
+
+  def _CheckMetrics(self, metrics: Metrics) -> NestedMap:
+    if not isinstance(metrics, Mapping) or 'loss' not in metrics:
+      raise ValueError(
+          f"{type(self).__name__}.ComputeLoss must return metrics with a "
+          f"'loss' entry, got {metrics!r}.")
+    out = NestedMap()
+    for name, pair in metrics.items():
+      if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise ValueError(
+            f'{type(self).__name__}.ComputeLoss: metric {name!r} must be a '
+            f'(value, weight) pair, got {pair!r}.')
+      out[name] = (tf.convert_to_tensor(pair[0]),
+                   tf.convert_to_tensor(pair[1]))
+    return out
+
+  def TrainStep(self, input_batch: NestedMap) -> NestedMap:
+    """One training step (module docstring); call inside a tf.function.
+
+    Returns:
+      NestedMap of scalars: each metric's value, learning_rate (float32,
+      used at this step), grad_norm (before clipping), is_finite (bool:
+      False means nothing was updated) and global_step (after the step).
+    """
+    state = self._State('TrainStep')
+    tp = self.params.train
+    with self._Mode(training=True):
+      step = state.global_step.read_value()
+      batch = self._WithExampleKeys(input_batch, step)
+      variables = [v for _, v in self._TrainableVariables()]
+      with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(variables)
+        metrics = self._CheckMetrics(self.FProp(self.theta, batch)[0])
+      clash = [k for k in _TRAIN_OUTPUTS if k in metrics]
+      if clash:
+        raise ValueError(
+            f'{type(self).__name__}.ComputeLoss: metric names {clash} are '
+            'reserved for TrainStep outputs; rename them.')
+      loss = metrics.loss[0]
+      grads = tape.gradient(loss, variables)
+    grads, grad_norm = _ClipByGlobalNorm(
+        grads, variables, tp.clip_gradient_norm_to_value)
+    lr = tf.constant(tp.learning_rate, tf.float32) * self._lr_schedule.Value(
+        step)
+    is_finite = tf.logical_and(tf.reduce_all(tf.math.is_finite(loss)),
+                               tf.math.is_finite(grad_norm))
+    done = tf.cond(
+        is_finite,
+        lambda: self._ApplyUpdates(state, lr, grads, variables, is_finite),
+        lambda: self._DropStats(is_finite))
+    out = NestedMap({name: pair[0] for name, pair in metrics.items()})
+    out.learning_rate = lr
+    out.grad_norm = grad_norm
+    out.is_finite = done
+    with tf.control_dependencies([done]):
+      out.global_step = state.global_step.read_value()
+    return out
+
+  def _ApplyUpdates(self, state: NestedMap, lr: tf.Tensor,
+                    grads: List[Any],
+                    variables: List[tf.Variable],
+                    is_finite: tf.Tensor) -> tf.Tensor:
+    tp = self.params.train
+    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    decays = []
+    if tp.weight_decay > 0:
+      for _, var in pairs:
+        with tf.device(var.device):
+          scale = tf.cast(lr, var.dtype) * tf.constant(tp.weight_decay,
+                                                       var.dtype)
+          decays.append((var, scale * var.read_value()))
+    ops = state.optimizer.Apply(lr, pairs)
+    with tf.control_dependencies(ops):
+      for var, delta in decays:
+        with tf.device(var.device):
+          ops.append(var.assign_sub(delta, read_value=False))
+    if state.ema is not None:
+      with tf.control_dependencies(ops):
+        ops += state.ema.Update()
+    ops += self.UpdateStats()
+    ops.append(state.global_step.assign_add(1, read_value=False))
+    with tf.control_dependencies(ops):
+      return tf.identity(is_finite)
+
+  def _DropStats(self, is_finite: tf.Tensor) -> tf.Tensor:
+    ops = [a.assign(tf.zeros_like(a), read_value=False)
+           for a in self.accumulators.Flatten()]
+    with tf.control_dependencies(ops):
+      return tf.identity(is_finite)
+
+  def EvalStep(self, input_batch: NestedMap,
+               use_ema: Optional[bool] = None) -> NestedMap:
+    """Metrics {name: (value, weight)} in eval mode (see EvalTheta)."""
+    with self._Mode(training=False), self.NoStatUpdates():
+      batch = self._WithExampleKeys(input_batch, self._StepOrZero())
+      metrics, _ = self.FProp(self.EvalTheta(use_ema), batch)
+      return self._CheckMetrics(metrics)
+
+  def DecodeStep(self, input_batch: NestedMap,
+                 use_ema: Optional[bool] = None) -> NestedMap:
+    """Decode(theta, input_batch) in eval mode (see EvalTheta)."""
+    with self._Mode(training=False), self.NoStatUpdates():
+      batch = self._WithExampleKeys(input_batch, self._StepOrZero())
+      return self.Decode(self.EvalTheta(use_ema), batch)
+
+  def _StepOrZero(self) -> tf.Tensor:
+    if self._train_state is None:
+      return tf.constant(0, tf.int64)
+    return self._train_state.global_step.read_value()
+
+
+def _ClipByGlobalNorm(grads: List[Any], variables: List[tf.Variable],
+                      clip_norm: float) -> Tuple[List[Any], tf.Tensor]:
+  """Dense grads, scaled by clip / max(norm, clip) if clip > 0; the norm.
+
+  Each gradient's square sum and scaling run on its variable's device. The
+  norm is float64 if any gradient is, else float32.
+  """
+  dense, squares = [], []
+  wide = any(g is not None and g.dtype == tf.float64 for g in grads)
+  norm_dtype = tf.float64 if wide else tf.float32
+  for g, v in zip(grads, variables):
+    if g is not None:
+      with tf.device(v.device):
+        g = tf.convert_to_tensor(g)
+        squares.append(tf.cast(tf.reduce_sum(tf.square(g)), norm_dtype))
+    dense.append(g)
+  norm = tf.sqrt(tf.add_n(squares)) if squares else tf.zeros([], norm_dtype)
+  if clip_norm <= 0:
+    return dense, norm
+  clip = tf.constant(clip_norm, norm_dtype)
+  scale = clip / tf.maximum(norm, clip)
+  clipped = []
+  for g, v in zip(dense, variables):
+    if g is not None:
+      with tf.device(v.device):
+        g = g * tf.cast(scale, g.dtype)
+    clipped.append(g)
+  return clipped, norm
+
