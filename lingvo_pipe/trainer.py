@@ -1,0 +1,287 @@
+"""The trainer binary: train, evaluate or decode a registered model.
+
+  python -m lingvo_pipe.trainer --model=image.synthetic.ResNetTinyGPipe \\
+      --logdir=/tmp/run1 --run_locally=cpu
+
+Jobs (`--job`):
+  trainer        train to task.train.max_steps, saving checkpoints, writing
+                 summaries, evaluating the Dev set every eval_interval_steps
+                 and at the end; a restart on the same logdir resumes.
+  evaler_dev     follow the trainer's checkpoints in --logdir and evaluate
+  evaler_test    each new one on Dev / Test, until max_steps.
+  decoder_dev    the same, running the task's Decode and its metrics.
+  decoder_test
+
+Layout of the logdir: `params.txt` (the final params), `train/` (checkpoints
+and training summaries), `eval_<dataset>/`, `decode_<dataset>/` (summaries).
+This is the only module that defines flags.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, Iterator, Optional
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from lingvo_pipe.core import devices
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('model', None, 'Registered model key, e.g. '
+                    'image.synthetic.ResNetTinyGPipe, or module.Class of '
+                    "one's own importable module.")
+flags.DEFINE_string('logdir', None, 'Directory for checkpoints, summaries '
+                    'and params.txt.')
+flags.DEFINE_enum('run_locally', 'cpu', ['cpu', 'gpu'],
+                  'cpu: split the CPU into as many logical devices as the '
+                  "model's pipelines have partitions; gpu: use the visible "
+                  'GPUs.')
+flags.DEFINE_enum('job', 'trainer', ['trainer', 'evaler_dev', 'evaler_test',
+                                     'decoder_dev', 'decoder_test'],
+                  'What to run (see the module docstring).')
+flags.DEFINE_string('model_params_override', '',
+                    "Params text applied to the model params, lines of "
+                    "'path : value' (e.g. 'task.train.max_steps : 100').")
+flags.DEFINE_string('model_params_file_override', '',
+                    'A file of params text, applied before '
+                    '--model_params_override.')
+flags.DEFINE_string('data_dir', None,
+                    'If set, the TFDS data_dir of every input.')
+flags.DEFINE_integer('follower_timeout_secs', 600,
+                     'Evaler/decoder: stop after waiting this long for a '
+                     'new checkpoint.')
+flags.mark_flags_as_required(['model', 'logdir'])
+
+_DATASETS = ('train', 'dev', 'test')
+
+
+class TrainingStopped(Exception):
+  """Training cannot go on; the message says why and what to change."""
+
+
+def LoadParams(model: str, override_text: str = '',
+               override_file: str = '', data_dir: Optional[str] = None):
+  """The registered model's params with the overrides applied."""
+  from lingvo_pipe.core import model_registry  # pylint: disable=g-import-not-at-top
+  p = model_registry.GetParams(model)
+  if override_file:
+    with open(override_file, encoding='utf-8') as f:
+      p.FromText(f.read())
+  if override_text:
+    p.FromText(override_text)
+  if data_dir:
+    for dataset in _DATASETS:
+      input_p = p.Get(f'{dataset}_input')
+      if input_p is not None and 'data_dir' in input_p:
+        input_p.data_dir = data_dir
+  return p
+
+
+def SetUpDevices(run_locally: str, needed: int) -> None:
+  """Makes the devices the model's pipelines need (before any TF op)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if run_locally == 'cpu':
+    devices.SplitCpu(max(needed, 1))
+    return
+  gpus = tf.config.list_physical_devices('GPU')
+  if len(gpus) < needed:
+    raise TrainingStopped(
+        f'The model needs {needed} devices but {len(gpus)} GPU(s) are '
+        'visible; use --run_locally=cpu or fewer partitions.')
+
+
+class Runner:
+  """Builds the task once; trains, evaluates and decodes it."""
+
+  def __init__(self, model_params: Any, logdir: str):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from lingvo_pipe.core import checkpointer  # pylint: disable=g-import-not-at-top
+    self._tf = tf
+    self._p = model_params
+    self._logdir = logdir
+    self._task = model_params.task.Instantiate()
+    self._state = self._task.CreateTrainState()
+    self._ckpt = checkpointer.Checkpointer(
+        os.path.join(logdir, 'train'), self._task.VariablesToCheckpoint(),
+        max_to_keep=model_params.task.train.checkpoints_to_keep)
+    self._functions: Dict[str, Callable[..., Any]] = {}
+    self._writers: Dict[str, Any] = {}
+
+  @property
+  def task(self) -> Any:
+    return self._task
+
+  def _Function(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    if name not in self._functions:
+      self._functions[name] = self._tf.function(fn, autograph=False)
+    return self._functions[name]
+
+  def _Writer(self, name: str) -> Any:
+    if name not in self._writers:
+      self._writers[name] = self._tf.summary.create_file_writer(
+          os.path.join(self._logdir, name))
+    return self._writers[name]
+
+  def _Batches(self, dataset: str) -> Optional[Iterator[Any]]:
+    input_p = self._p.Get(f'{dataset}_input')
+    if input_p is None:
+      return None
+    return iter(input_p.Instantiate().GetDataset())
+
+  def _WriteScalars(self, writer_name: str, step: int,
+                    values: Dict[str, float]) -> None:
+    from lingvo_pipe.core import summary  # pylint: disable=g-import-not-at-top
+    with self._Writer(writer_name).as_default():
+      for name, value in values.items():
+        summary.Scalar(name, value, step)
+    self._Writer(writer_name).flush()
+
+  # ---- training --------------------------------------------------------
+
+  def Train(self) -> Dict[str, float]:
+    """Trains to max_steps (resuming); returns the final Dev metrics."""
+    from lingvo_pipe.core import progress  # pylint: disable=g-import-not-at-top
+    tp = self._p.task.train
+    restored = self._ckpt.RestoreLatest()
+    step = int(self._state.global_step.numpy())
+    if restored:
+      print(f'Resumed from {restored} at step {step}.', flush=True)
+    batches = self._Batches('train')
+    if batches is None:
+      raise TrainingStopped('The model has no Train() input; define it.')
+    train_step = self._Function('train', self._task.TrainStep)
+    batch_size = self._p.train_input.batch_size
+    bar = progress.Progress(tp.max_steps, start_step=step)
+    last_time = time.monotonic()
+    while step < tp.max_steps:
+      out = {k: v.numpy() for k, v in train_step(next(batches)).items()}
+      if not out['is_finite']:
+        self._StopOnNonFinite(step, out)
+      step = int(out['global_step'])
+      now = time.monotonic()
+      values = {k: float(v) for k, v in out.items()
+                if k not in ('is_finite', 'global_step')}
+      values['examples_per_sec'] = batch_size / max(now - last_time, 1e-9)
+      last_time = now
+      bar.Update(step, batch_size, {'loss': values['loss']})
+      if step % tp.summary_interval_steps == 0 or step == tp.max_steps:
+        self._WriteScalars('train', step, values)
+      if step % tp.save_interval_steps == 0 or step == tp.max_steps:
+        self._ckpt.Save(step)
+      if (tp.eval_interval_steps and step % tp.eval_interval_steps == 0 and
+          step < tp.max_steps):
+        self.Evaluate('dev', step)
+    return self.Evaluate('dev', step)
+
+  def _StopOnNonFinite(self, step: int, out: Dict[str, Any]) -> None:
+    paths = self._ckpt.Paths()
+    kept = (f'the last good checkpoint is {paths[0]}' if paths else
+            'no checkpoint was written yet')
+    raise TrainingStopped(
+        f"Training stopped at step {step}: loss {out['loss']}, gradient "
+        f"norm {out['grad_norm']} (not finite), so this step changed "
+        f'nothing and {kept}. Lower task.train.learning_rate or set '
+        'task.train.clip_gradient_norm_to_value.')
+
+  # ---- evaluation and decoding ----------------------------------------
+
+  def Evaluate(self, dataset: str, step: int) -> Dict[str, float]:
+    """Weighted means of the task's metrics over eval_steps batches."""
+    batches = self._Batches(dataset)
+    if batches is None:
+      logging.info('No %s input; skipping evaluation.', dataset)
+      return {}
+    eval_step = self._Function('eval', self._task.EvalStep)
+    totals: Dict[str, list] = {}
+    for _ in range(self._p.task.train.eval_steps):
+      batch = next(batches, None)
+      if batch is None:
+        break
+      for name, (value, weight) in eval_step(batch).items():
+        total = totals.setdefault(name, [0.0, 0.0])
+        total[0] += float(value) * float(weight)
+        total[1] += float(weight)
+    metrics = {name: t[0] / t[1] if t[1] else 0.0
+               for name, t in totals.items()}
+    self._WriteScalars(f'eval_{dataset}', step, metrics)
+    print(f'eval {dataset} at step {step}: ' + '  '.join(
+        f'{k} {v:.4f}' for k, v in sorted(metrics.items())), flush=True)
+    return metrics
+
+  def Decode(self, dataset: str, step: int) -> Dict[str, float]:
+    """Runs Decode over eval_steps batches; returns the decoder metrics."""
+    batches = self._Batches(dataset)
+    if batches is None:
+      logging.info('No %s input; skipping decoding.', dataset)
+      return {}
+    decode_step = self._Function('decode', self._task.DecodeStep)
+    metrics = self._task.CreateDecoderMetrics()
+    for _ in range(self._p.task.train.eval_steps):
+      batch = next(batches, None)
+      if batch is None:
+        break
+      out = self._tf.nest.map_structure(lambda t: t.numpy(),
+                                        decode_step(batch))
+      self._task.PostProcessDecodeOut(out, metrics)
+    values = {name: float(m.value) for name, m in metrics.items()}
+    self._WriteScalars(f'decode_{dataset}', step, values)
+    print(f'decode {dataset} at step {step}: ' + '  '.join(
+        f'{k} {v:.4f}' for k, v in sorted(values.items())), flush=True)
+    return values
+
+  def Follow(self, job: str) -> None:
+    """Evaluates or decodes each new checkpoint until max_steps."""
+    from lingvo_pipe.core import checkpointer  # pylint: disable=g-import-not-at-top
+    kind, dataset = job.split('_', 1)
+    run = self.Evaluate if kind == 'evaler' else self.Decode
+    for path in self._tf.train.checkpoints_iterator(
+        os.path.join(self._logdir, 'train'),
+        timeout=FLAGS.follower_timeout_secs):
+      self._ckpt.Restore(path)
+      step = checkpointer.StepOf(path)
+      run(dataset, step)
+      if step >= self._p.task.train.max_steps:
+        break
+
+
+def _Run() -> None:
+  from lingvo_pipe.core import base_model  # pylint: disable=g-import-not-at-top
+  p = LoadParams(FLAGS.model, FLAGS.model_params_override,
+                 FLAGS.model_params_file_override, FLAGS.data_dir)
+  SetUpDevices(FLAGS.run_locally, base_model.NumDevicesNeeded(p.task))
+  os.makedirs(FLAGS.logdir, exist_ok=True)
+  text = p.ToText()
+  logging.info('Model params:\n%s', text)
+  if FLAGS.job == 'trainer':
+    with open(os.path.join(FLAGS.logdir, 'params.txt'), 'w',
+              encoding='utf-8') as f:
+      f.write(text + '\n')
+  runner = Runner(p, FLAGS.logdir)
+  if FLAGS.job == 'trainer':
+    runner.Train()
+  else:
+    runner.Follow(FLAGS.job)
+
+
+def _Main(argv) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  from lingvo_pipe.core import params_text  # pylint: disable=g-import-not-at-top
+  try:
+    _Run()
+  except (TrainingStopped, LookupError, params_text.ParamsTextError,
+          FileNotFoundError) as err:
+    print(f'error: {err}', file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def main() -> None:
+  app.run(_Main)
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,223 @@
+"""The trainer binary, run as a user runs it, on a model in a user's file.
+
+The model lives in a module written to a temporary directory (outside the
+package) and is found with --model=<module>.<Class>. Each test starts the
+real binary in a subprocess: train and evaluate, resume after SIGKILL, stop
+on a non-finite loss, and reject an unknown model.
+"""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from absl.testing import absltest
+import tensorflow as tf
+
+from tensorflow.core.util import event_pb2
+
+_USER_MODULE = '''
+import tensorflow as tf
+
+from lingvo_pipe.core import base_input_generator
+from lingvo_pipe.core import base_model
+from lingvo_pipe.core import gpipe
+from lingvo_pipe.core import layers
+from lingvo_pipe.core import model_registry
+from lingvo_pipe.core.nested_map import NestedMap
+
+
+class RegressionInput(base_input_generator.BaseInputGenerator):
+  """x [4] ~ N(0, 1), y = tanh(x @ teacher); example `nan_at` has x NaN."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('nan_at', -1, 'Index of an example whose x is NaN; -1: none.')
+    return p
+
+  def _LoadExamples(self):
+    x = tf.random.stateless_normal([4096, 4], [1, self.params.seed])
+    teacher = tf.reshape(tf.range(16, dtype=tf.float32) / 8.0 - 1.0, [4, 4])
+    y = tf.tanh(x @ teacher)
+    if self.params.nan_at >= 0:
+      x = tf.tensor_scatter_nd_update(x, [[self.params.nan_at, 0]],
+                                      [float('nan')])
+    return tf.data.Dataset.from_tensor_slices({'x': x, 'y': y})
+
+
+class RegressionTask(base_model.BaseTask):
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('network', None, 'The network params.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateChild('network', self.params.network)
+
+  def ComputePredictions(self, theta, batch):
+    return NestedMap(y=self.network.FProp(theta.network, batch.x))
+
+  def ComputeLoss(self, theta, predictions, batch):
+    loss = tf.reduce_mean(tf.square(predictions.y - batch.y))
+    return {'loss': (loss, tf.constant(16.0))}, NestedMap()
+
+
+@model_registry.RegisterSingleTaskModel
+class Tiny:
+
+  def Train(self):
+    return RegressionInput.Params().Set(
+        dataset_name='regression', batch_size=16, repeat=True, seed=1)
+
+  def Dev(self):
+    return RegressionInput.Params().Set(
+        dataset_name='regression', batch_size=16, seed=2)
+
+  def Task(self):
+    proj = layers.ProjectionLayer.Params
+    cells = [proj().Set(input_dim=4, output_dim=32, activation='TANH'),
+             proj().Set(input_dim=32, output_dim=4)]
+    p = RegressionTask.Params().Set(
+        network=gpipe.PipeliningLayer.Params().Set(
+            cell_tpl=cells, num_micro_batches=4))
+    p.train.Set(learning_rate=0.02, max_steps=60, save_interval_steps=20,
+                summary_interval_steps=10, eval_interval_steps=30,
+                eval_steps=4)
+    return p
+'''
+
+
+def _Scalars(directory, skip=()):
+  """{tag: [(step, value)]} from the event files in `directory`."""
+  found = {}
+  for path in sorted(glob.glob(os.path.join(directory, 'events.*'))):
+    if path in skip:
+      continue
+    for record in tf.data.TFRecordDataset(path):
+      event = event_pb2.Event.FromString(record.numpy())
+      for value in event.summary.value:
+        number = tf.make_ndarray(value.tensor) if value.HasField(
+            'tensor') else value.simple_value
+        found.setdefault(value.tag, []).append((event.step, float(number)))
+  return found
+
+
+class TrainerTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls._root = absltest.TEST_TMPDIR.value
+    cls._module_dir = os.path.join(cls._root, 'user_models')
+    os.makedirs(cls._module_dir, exist_ok=True)
+    with open(os.path.join(cls._module_dir, 'lp_user_models.py'), 'w') as f:
+      f.write(textwrap.dedent(_USER_MODULE))
+
+  def _Command(self, logdir, *extra, model='lp_user_models.Tiny'):
+    return [sys.executable, '-m', 'lingvo_pipe.trainer', f'--model={model}',
+            f'--logdir={logdir}', '--run_locally=cpu', *extra]
+
+  def _Env(self):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    env['PYTHONPATH'] = os.pathsep.join(
+        [self._module_dir, os.getcwd(), env.get('PYTHONPATH', '')])
+    return env
+
+  def _Run(self, logdir, *extra, **kwargs):
+    return subprocess.run(self._Command(logdir, *extra, **kwargs),
+                          env=self._Env(), capture_output=True, text=True,
+                          timeout=300)
+
+  def testTrainsEvaluatesAndWritesEverything(self):
+    logdir = self.create_tempdir().full_path
+    result = self._Run(logdir)
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    self.assertIn('eval dev at step 30: loss', result.stdout)
+    self.assertIn('eval dev at step 60: loss', result.stdout)
+    self.assertRegex(result.stdout, r'step 60/60  loss [0-9.e-]+  .*ETA')
+    with open(os.path.join(logdir, 'params.txt')) as f:
+      params_text = f.read()
+    self.assertIn('task.train.max_steps : 60', params_text)
+    self.assertIn('task.network.num_micro_batches : 4', params_text)
+    train = _Scalars(os.path.join(logdir, 'train'))
+    for tag in ('loss', 'learning_rate', 'grad_norm', 'examples_per_sec'):
+      self.assertIn(tag, train)
+    losses = [v for _, v in sorted(train['loss'])]
+    self.assertLess(losses[-1], 0.5 * losses[0])
+    dev = _Scalars(os.path.join(logdir, 'eval_dev'))
+    self.assertEqual([s for s, _ in dev['loss']], [30, 60])
+    self.assertLess(dev['loss'][1][1], dev['loss'][0][1])
+    names = sorted(os.path.basename(p) for p in glob.glob(
+        os.path.join(logdir, 'train', 'ckpt-*.index')))
+    self.assertEqual(names, ['ckpt-20.index', 'ckpt-40.index',
+                             'ckpt-60.index'])
+
+  def testResumesAfterSigkill(self):
+    logdir = self.create_tempdir().full_path
+    override = ('--model_params_override=task.train.max_steps : 400\n'
+                'task.train.eval_interval_steps : 0')
+    proc = subprocess.Popen(self._Command(logdir, override), env=self._Env(),
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    state = os.path.join(logdir, 'train', 'checkpoint')
+    deadline = time.time() + 240
+    while not glob.glob(os.path.join(logdir, 'train', 'ckpt-40.index')):
+      self.assertIsNone(proc.poll(), 'the trainer exited before step 40')
+      self.assertLess(time.time(), deadline)
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    self.assertTrue(os.path.exists(state))
+    latest = tf.train.latest_checkpoint(os.path.join(logdir, 'train'))
+    killed_at = int(latest.rsplit('-', 1)[-1])
+    self.assertGreaterEqual(killed_at, 40)
+    first_run = glob.glob(os.path.join(logdir, 'train', 'events.*'))
+    result = self._Run(logdir, '--model_params_override='
+                       'task.train.max_steps : 440')
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    self.assertIn(f'Resumed from {latest} at step {killed_at}.',
+                  result.stdout)
+    # The second run starts right after the checkpoint: no step is lost
+    # and none is trained twice.
+    resumed = _Scalars(os.path.join(logdir, 'train'), skip=first_run)
+    self.assertEqual([s for s, _ in resumed['loss']],
+                     list(range(killed_at + 10, 441, 10)))
+    final = tf.train.latest_checkpoint(os.path.join(logdir, 'train'))
+    self.assertTrue(final.endswith('ckpt-440'))
+
+  def testStopsOnNonFiniteLossAndKeepsTheLastGoodCheckpoint(self):
+    logdir = self.create_tempdir().full_path
+    # Example 16 * 25 is NaN: step 25 (the 26th batch) sees it.
+    result = self._Run(logdir, '--model_params_override='
+                       'train_input.nan_at : 400')
+    self.assertEqual(result.returncode, 1)
+    ckpt = os.path.join(logdir, 'train', 'ckpt-20')
+    self.assertIn(f'error: Training stopped at step 25: loss nan',
+                  result.stderr)
+    self.assertIn(f'the last good checkpoint is {ckpt}.', result.stderr)
+    self.assertEqual(
+        tf.train.latest_checkpoint(os.path.join(logdir, 'train')), ckpt)
+    reader = tf.train.load_checkpoint(ckpt)
+    for name in reader.get_variable_to_shape_map():
+      value = reader.get_tensor(name)
+      if getattr(value, 'dtype', None) is not None and (
+          value.dtype.kind == 'f'):
+        self.assertTrue(tf.reduce_all(tf.math.is_finite(value)), name)
+
+  def testUnknownModelSaysWhatExists(self):
+    result = self._Run(self.create_tempdir().full_path,
+                       model='lp_user_models.Tinny')
+    self.assertEqual(result.returncode, 1)
+    self.assertIn("error: Unknown model 'lp_user_models.Tinny'; did you "
+                  "mean 'lp_user_models.Tiny'?", result.stderr)
+
+
+if __name__ == '__main__':
+  absltest.main()
