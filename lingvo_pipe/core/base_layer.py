@@ -212,6 +212,7 @@ class BaseLayer(metaclass=_BaseLayerMeta):
     self._vars = NestedMap()
     self._children = NestedMap()
     self._accumulators = NestedMap()
+    self._path_names = set()  # names used as path components
     self.training = True
     self.update_stats = True
 
@@ -221,7 +222,8 @@ class BaseLayer(metaclass=_BaseLayerMeta):
     self._sealed = True
     self._params.Freeze()
 
-  def _CheckUnsealed(self, what: str, name: str) -> None:
+  def _CheckUnsealed(self, what: str, name: str,
+                     path_names: Optional[Sequence[str]] = None) -> None:
     if self._sealed:
       raise RuntimeError(
           f"Layer '{self.path}' created {what} '{name}' outside __init__; "
@@ -232,6 +234,17 @@ class BaseLayer(metaclass=_BaseLayerMeta):
           f"Layer '{self.path}' already has a variable or child "
           f"named '{name}'; pick another name.")
     NestedMap.CheckKey(name)
+    if what in ('child', 'children') and hasattr(self, name):
+      raise ValueError(
+          f"Layer '{self.path}' cannot name a {what} '{name}': "
+          f'{type(self).__name__}.{name} would hide it; pick another name.')
+    path_names = [name] if path_names is None else list(path_names)
+    for n in path_names:
+      if n in self._path_names:
+        raise ValueError(
+            f"Layer '{self.path}' already has a variable or child at path "
+            f"'{self.path}/{n}'; pick another name.")
+    self._path_names.update(path_names)
 
   def CreateVariable(self, name: str, wp: hyperparams.Params) -> tf.Variable:
     """Creates variable `name` from WeightParams, in `theta.<name>`."""
@@ -286,7 +299,8 @@ class BaseLayer(metaclass=_BaseLayerMeta):
                      params_list: Sequence[hyperparams.Params]
                      ) -> List['BaseLayer']:
     """Builds a list of children named `name_0`, `name_1`, ..."""
-    self._CheckUnsealed('children', name)
+    self._CheckUnsealed('children', name,
+                        [f'{name}_{i}' for i in range(len(params_list))])
     built = []
     for i, params in enumerate(params_list):
       p = params.Copy()
@@ -352,7 +366,11 @@ class BaseLayer(metaclass=_BaseLayerMeta):
 
   def VariablesByPath(self) -> Dict[str, tf.Variable]:
     """{'root/child/w': variable} for the subtree, for checkpoints."""
-    return {v.name.split(':')[0]: v for v in self.vars.Flatten()}
+    out = {}
+    for layer in self.Layers():
+      for name, var in layer._vars.items():  # pylint: disable=protected-access
+        out[f'{layer.path}/{name}'] = var
+    return dict(sorted(out.items()))
 
   def Layers(self) -> Iterator['BaseLayer']:
     """This layer and every descendant, parents first."""

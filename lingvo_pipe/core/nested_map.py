@@ -41,7 +41,8 @@ class NestedMap(dict):
       raise ValueError(
           f'NestedMap key {key!r} is not a Python identifier; use a name '
           'like "my_key".')
-    if key in NestedMap._RESERVED or key.startswith('__'):
+    if (key in NestedMap._RESERVED or key.startswith('__') or
+        hasattr(NestedMap, key)):
       raise ValueError(
           f'NestedMap key {key!r} is reserved (it would hide a method); '
           f'rename it, e.g. "{key}_value".')
@@ -77,6 +78,10 @@ class NestedMap(dict):
     if key not in self:
       self[key] = default
     return self[key]
+
+  def __ior__(self, other: Any) -> 'NestedMap':  # keep keys checked
+    self.update(other)
+    return self
 
   def Copy(self) -> 'NestedMap':
     """A shallow copy: new maps all the way down, the same leaves."""
@@ -114,7 +119,9 @@ class NestedMap(dict):
 
     def Build(v: Any) -> Any:
       if isinstance(v, dict):
-        return type(v)((k, Build(v[k])) for k in sorted(v))
+        # A list, not a generator: PEP 479 would turn StopIteration into
+        # RuntimeError inside a generator.
+        return type(v)([(k, Build(v[k])) for k in sorted(v)])
       if isinstance(v, (list, tuple)):
         items = [Build(x) for x in v]
         if hasattr(v, '_fields'):  # namedtuple
@@ -152,7 +159,15 @@ class NestedMap(dict):
         return kept if kept else drop
       if isinstance(v, (list, tuple)):
         kept_items = [r for r in (Keep(x) for x in v) if r is not drop]
-        return type(v)(kept_items) if kept_items else drop
+        if not kept_items:
+          return drop
+        if hasattr(v, '_fields'):  # namedtuple: all fields or none
+          if len(kept_items) != len(v):
+            raise ValueError(
+                f'Filter cannot drop some fields of {type(v).__name__}; '
+                'filter a NestedMap or list instead.')
+          return type(v)(*kept_items)
+        return type(v)(kept_items)
       return v if fn(v) else drop
 
     result = Keep(self)
