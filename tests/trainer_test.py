@@ -68,6 +68,16 @@ class RegressionTask(base_model.BaseTask):
     loss = tf.reduce_mean(tf.square(predictions.y - batch.y))
     return {'loss': (loss, tf.constant(16.0))}, NestedMap()
 
+  def Decode(self, theta, batch):
+    return NestedMap(pred=self.ComputePredictions(theta, batch).y, y=batch.y)
+
+  def CreateDecoderMetrics(self):
+    return {'mean_abs_error': base_model.AverageMetric()}
+
+  def PostProcessDecodeOut(self, decode_out, metrics):
+    error = abs(decode_out['pred'] - decode_out['y']).mean()
+    metrics['mean_abs_error'].Update(float(error), len(decode_out['y']))
+
 
 @model_registry.RegisterSingleTaskModel
 class Tiny:
@@ -79,6 +89,10 @@ class Tiny:
   def Dev(self):
     return RegressionInput.Params().Set(
         dataset_name='regression', batch_size=16, seed=2)
+
+  def Test(self):
+    return RegressionInput.Params().Set(
+        dataset_name='regression', batch_size=16, seed=3)
 
   def Task(self):
     proj = layers.ProjectionLayer.Params
@@ -210,6 +224,26 @@ class TrainerTest(absltest.TestCase):
       if getattr(value, 'dtype', None) is not None and (
           value.dtype.kind == 'f'):
         self.assertTrue(tf.reduce_all(tf.math.is_finite(value)), name)
+
+  def testEvalerAndDecoderFollowTheCheckpoints(self):
+    logdir = self.create_tempdir().full_path
+    override = '--model_params_override=task.train.max_steps : 40'
+    trained = self._Run(logdir, override)
+    self.assertEqual(trained.returncode, 0, trained.stderr[-3000:])
+    for job, line, directory in (
+        ('evaler_dev', 'eval dev at step {}: loss', 'eval_dev'),
+        ('decoder_test', 'decode test at step {}: mean_abs_error',
+         'decode_test')):
+      before = glob.glob(os.path.join(logdir, directory, 'events.*'))
+      result = self._Run(logdir, override, f'--job={job}',
+                         '--follower_timeout_secs=5')
+      self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+      # It starts at the newest checkpoint and stops at max_steps.
+      self.assertIn(line.format(40), result.stdout)
+      self.assertNotIn(line.format(20), result.stdout)
+      scalars = _Scalars(os.path.join(logdir, directory), skip=before)
+      self.assertLen(scalars, 1)
+      self.assertEqual([s for s, _ in list(scalars.values())[0]], [40])
 
   def testUnknownModelSaysWhatExists(self):
     result = self._Run(self.create_tempdir().full_path,
