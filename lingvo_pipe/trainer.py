@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from absl import app
 from absl import flags
@@ -131,6 +131,26 @@ class Runner:
     if input_p is None:
       return None
     return iter(input_p.Instantiate().GetDataset())
+
+  def WriteTimelines(self) -> List[str]:
+    """pipeline_<layer>.svg in the logdir for each PipeliningLayer."""
+    from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
+    from lingvo_pipe.core import timeline  # pylint: disable=g-import-not-at-top
+    batch_size = self._p.train_input.batch_size
+    written = []
+    for layer in self._task.Layers():
+      if not isinstance(layer, gpipe.PipeliningLayer):
+        continue
+      svg = timeline.ScheduleSvg(
+          layer.num_partitions, layer.NumMicroBatches(batch_size),
+          layer.devices, layer.path)
+      path = os.path.join(
+          self._logdir, f"pipeline_{layer.path.replace('/', '.')}.svg")
+      with open(path, 'w', encoding='utf-8') as f:
+        f.write(svg)
+      print(layer.Describe(batch_size), flush=True)
+      written.append(path)
+    return written
 
   def _WriteScalars(self, writer_name: str, step: int,
                     values: Dict[str, float]) -> None:
@@ -262,6 +282,7 @@ def _Run() -> None:
       f.write(text + '\n')
   runner = Runner(p, FLAGS.logdir)
   if FLAGS.job == 'trainer':
+    runner.WriteTimelines()
     runner.Train()
   else:
     runner.Follow(FLAGS.job)

@@ -168,6 +168,8 @@ class TrainerTest(absltest.TestCase):
     dev = _Scalars(os.path.join(logdir, 'eval_dev'))
     self.assertEqual([s for s, _ in dev['loss']], [30, 60])
     self.assertLess(dev['loss'][1][1], dev['loss'][0][1])
+    with open(os.path.join(logdir, 'pipeline_task.network.svg')) as f:
+      self.assertIn('K=2 partitions, M=4 micro-batches', f.read())
     names = sorted(os.path.basename(p) for p in glob.glob(
         os.path.join(logdir, 'train', 'ckpt-*.index')))
     self.assertEqual(names, ['ckpt-20.index', 'ckpt-40.index',
