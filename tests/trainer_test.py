@@ -215,7 +215,7 @@ class TrainerTest(absltest.TestCase):
                        'train_input.nan_at : 400')
     self.assertEqual(result.returncode, 1)
     ckpt = os.path.join(logdir, 'train', 'ckpt-20')
-    self.assertIn(f'error: Training stopped at step 25: loss nan',
+    self.assertIn('error: Training stopped at step 25: loss nan',
                   result.stderr)
     self.assertIn(f'the last good checkpoint is {ckpt}.', result.stderr)
     self.assertEqual(
