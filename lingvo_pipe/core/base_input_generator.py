@@ -1,0 +1,248 @@
+"""BaseInputGenerator: batches of NestedMaps from a TFDS dataset.
+
+  p = ImageClassificationInput.Params().Set(
+      name='train', dataset_name='cifar10', split='train', batch_size=128,
+      shuffle_buffer_size=10000, repeat=True, seed=1)
+  dataset = p.Instantiate().GetDataset()  # NestedMap batches
+
+`GetDataset()` builds this pipeline::
+
+  _LoadExamples()     tfds.load(dataset_name, split): dicts of features
+  take(n)             if num_examples >= 0
+  shuffle(b, seed)    if shuffle_buffer_size > 0 (files are shuffled too)
+  repeat()            if repeat
+  Preprocess(ex, s)   s = [seed, example index]: a stateless-op seed
+  batch(batch_size)   drop_remainder=True: the batch dim is static
+  prefetch            if prefetch
+
+The same params and seed give the same batches, augmentation included.
+
+Where the data comes from:
+- Catalog datasets ('cifar10', 'wmt14_translate/de-en', ...) must already be
+  prepared in `data_dir` (or TFDS's default directory): this machine has no
+  internet access, so they are downloaded only if `download` is True.
+- Builders defined in the lingvo_pipe package (local builders, such as
+  'lingvo_pipe_synthetic_images') generate their data here: they are
+  prepared into `data_dir` on first use. Their module must be imported so
+  that TFDS knows the name.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Dict, NoReturn, Optional
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from lingvo_pipe.core import hyperparams
+from lingvo_pipe.core.nested_map import NestedMap
+
+# Builders whose class lives in a module under this prefix make their data
+# without downloads, so they are prepared on first use.
+_LOCAL_BUILDER_MODULE_PREFIX = 'lingvo_pipe.'
+
+
+def BuilderBaseName(dataset_name: str) -> str:
+  """'wmt14_translate/de-en:1.0.0' -> 'wmt14_translate'."""
+  return dataset_name.split('/')[0].split(':')[0]
+
+
+def IsLocalBuilder(dataset_name: str) -> bool:
+  """Whether `dataset_name` is a registered builder defined in lingvo_pipe."""
+  try:
+    cls = tfds.builder_cls(BuilderBaseName(dataset_name))
+  except tfds.core.registered.DatasetNotFoundError:
+    return False
+  return cls.__module__.startswith(_LOCAL_BUILDER_MODULE_PREFIX)
+
+
+class BaseInputGenerator:
+  """Reads a TFDS split and yields batches of `Preprocess`ed NestedMaps.
+
+  Subclasses override `Preprocess` (one example -> NestedMap of tensors with
+  fixed shapes) and may add params. See the module docstring.
+  """
+
+  @classmethod
+  def Params(cls) -> hyperparams.InstantiableParams:
+    p = hyperparams.InstantiableParams(cls)
+    p.Define('name', 'input', 'Name of this input, used in error messages.')
+    p.Define('dataset_name', '',
+             "TFDS name, e.g. 'cifar10', 'wmt14_translate/de-en' or a local "
+             "builder such as 'lingvo_pipe_synthetic_images'.")
+    p.Define('split', 'train',
+             "TFDS split: 'train', 'test', 'validation', or a slice such as "
+             "'train[:90%]'.")
+    p.Define('data_dir', None,
+             'TFDS data directory; None means the TFDS default '
+             '($TFDS_DATA_DIR or ~/tensorflow_datasets).')
+    p.Define('batch_size', 32,
+             'Examples per batch. Batches have exactly this many examples '
+             '(the remainder is dropped), so the batch dim is static.')
+    p.Define('shuffle_buffer_size', 0,
+             'Examples in the shuffle buffer; 0 means no shuffling (and the '
+             'files are read in order).')
+    p.Define('seed', None,
+             'Seed of shuffling and of Preprocess randomness (e.g. '
+             'augmentation); None draws one at construction.')
+    p.Define('repeat', False,
+             'Repeat the split forever (True for training).')
+    p.Define('num_examples', -1,
+             'Use only the first this many examples of the split; -1 means '
+             'all of them.')
+    p.Define('prefetch', True, 'Prefetch batches (tf.data.AUTOTUNE).')
+    p.Define('download', False,
+             'Let tfds.load download and prepare a missing catalog dataset. '
+             'Local builders are always prepared when missing.')
+    return p
+
+  def __init__(self, params: hyperparams.Params) -> None:
+    p = params.Copy()
+    if p.seed is None:
+      p.seed = random.SystemRandom().randrange(2**31)
+    self._params = p.Freeze()
+    self._CheckParams()
+    self._info: Optional[tfds.core.DatasetInfo] = None
+
+  def _Fail(self, message: str) -> NoReturn:
+    raise ValueError(f'{type(self).__name__} {self._params.name!r}: '
+                     f'{message}')
+
+  def _CheckParams(self) -> None:
+    p = self._params
+    if not isinstance(p.dataset_name, str) or not p.dataset_name:
+      self._Fail("set p.dataset_name to a TFDS name, e.g. 'cifar10'.")
+    if not isinstance(p.batch_size, int) or p.batch_size < 1:
+      self._Fail(f'p.batch_size is {p.batch_size!r}; set a positive int.')
+    if not isinstance(p.shuffle_buffer_size, int) or (
+        p.shuffle_buffer_size < 0):
+      self._Fail(f'p.shuffle_buffer_size is {p.shuffle_buffer_size!r}; set '
+                 'an int >= 0 (0 means no shuffling).')
+    if not isinstance(p.num_examples, int) or (
+        p.num_examples != -1 and p.num_examples < 1):
+      self._Fail(f'p.num_examples is {p.num_examples!r}; set -1 (all) or a '
+                 'positive int.')
+    if not isinstance(p.seed, int):
+      self._Fail(f'p.seed is {p.seed!r}; set an int, or None.')
+
+  @property
+  def params(self) -> hyperparams.Params:
+    """This input's params (a frozen copy, with the seed filled in)."""
+    return self._params
+
+  # ---- loading ------------------------------------------------------
+
+  def _LoadSplit(self, split: str, shuffle_files: bool) -> tf.data.Dataset:
+    """tfds.load of `split`: dicts of features, one per example.
+
+    Prepares a local builder that is missing from data_dir; turns a missing
+    catalog dataset into a one-line error saying how to prepare it.
+    """
+    p = self._params
+    download = p.download or IsLocalBuilder(p.dataset_name)
+    read_config = tfds.ReadConfig(shuffle_seed=p.seed)
+    try:
+      dataset, info = tfds.load(
+          p.dataset_name, split=split, data_dir=p.data_dir,
+          shuffle_files=shuffle_files, download=download,
+          as_supervised=False, read_config=read_config, with_info=True)
+    except AssertionError as e:  # TFDS's "could not find data in <dir>".
+      if download:
+        raise
+      where = p.data_dir or tfds.core.constants.DATA_DIR
+      raise FileNotFoundError(
+          f'{type(self).__name__} {p.name!r}: dataset {p.dataset_name!r} is '
+          f'not prepared in data_dir {where!r} and this input does not '
+          'download it; on a machine with internet access run `tfds build '
+          f'{p.dataset_name} --data_dir=DIR`, copy DIR here and pass '
+          '--data_dir=DIR (p.data_dir), or set p.download=True.') from e
+    self._info = info
+    return dataset
+
+  def _LoadExamples(self) -> tf.data.Dataset:
+    """The examples of p.split, before take/shuffle/repeat (dicts)."""
+    p = self._params
+    return self._LoadSplit(p.split, shuffle_files=p.shuffle_buffer_size > 0)
+
+  def DatasetInfo(self) -> Optional[tfds.core.DatasetInfo]:
+    """TFDS's info of the dataset (features, splits); loads it if needed.
+
+    None if `_LoadExamples` is overridden and does not use TFDS.
+    """
+    if self._info is None:
+      self._LoadExamples()
+    return self._info
+
+  def NumExamples(self) -> Optional[int]:
+    """Examples per epoch before batching, or None if TFDS does not know."""
+    p = self._params
+    info = self.DatasetInfo()
+    if info is None:
+      return None
+    try:
+      n = info.splits[p.split].num_examples
+    except (KeyError, ValueError):
+      return None
+    if not n:
+      return None
+    return n if p.num_examples < 0 else min(n, p.num_examples)
+
+  # ---- the pipeline -------------------------------------------------
+
+  def Preprocess(self, example: Dict[str, Any], seed: tf.Tensor) -> NestedMap:
+    """One example's features -> NestedMap of tensors with fixed shapes.
+
+    Args:
+      example: the TFDS features of one example (a dict of tensors).
+      seed: int64 [2], unique to this example and deterministic given
+        p.seed: pass it to stateless random ops (tf.random.stateless_*,
+        tf.image.stateless_*).
+
+    Returns:
+      The example as a NestedMap. This default converts the features as they
+      are; subclasses override it.
+    """
+    del seed  # Unused.
+    return _ToNestedMap(example)
+
+  def GetDataset(self) -> tf.data.Dataset:
+    """The batched dataset of NestedMaps (module docstring), static shapes."""
+    p = self._params
+    dataset = self._LoadExamples()
+    if p.num_examples >= 0:
+      dataset = dataset.take(p.num_examples)
+    if p.shuffle_buffer_size > 0:
+      dataset = dataset.shuffle(p.shuffle_buffer_size, seed=p.seed,
+                                reshuffle_each_iteration=True)
+    if p.repeat:
+      dataset = dataset.repeat()
+    base_seed = tf.constant(p.seed, tf.int64)
+
+    def _Map(index: tf.Tensor, example: Dict[str, Any]) -> NestedMap:
+      return self.Preprocess(example, tf.stack([base_seed, index]))
+
+    dataset = dataset.enumerate().map(
+        _Map, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = dataset.batch(p.batch_size, drop_remainder=True)
+    self._CheckStaticShapes(dataset.element_spec)
+    if p.prefetch:
+      dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    return dataset
+
+  def InputBatchSpec(self) -> NestedMap:
+    """NestedMap of tf.TensorSpec of one batch (builds the dataset)."""
+    return self.GetDataset().element_spec
+
+  def _CheckStaticShapes(self, spec: Any) -> None:
+    for path, leaf in NestedMap(batch=spec).FlattenItems():
+      if not leaf.shape.is_fully_defined():
+        self._Fail(f'Preprocess returned {path[len("batch."):]!r} of shape '
+                   f'{leaf.shape[1:]}; pad or crop it to a fixed shape.')
+
+
+def _ToNestedMap(value: Any) -> Any:
+  """Dicts (recursively) as NestedMaps; other values as they are."""
+  if isinstance(value, dict):
+    return NestedMap({k: _ToNestedMap(v) for k, v in value.items()})
+  return value

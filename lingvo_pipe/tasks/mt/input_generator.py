@@ -1,0 +1,163 @@
+"""MTInput: sentence pairs as padded id sequences of a fixed length.
+
+  p = MTInput.Params().Set(
+      dataset_name='wmt14_translate/de-en', source_key='de', target_key='en',
+      split='train', batch_size=64, max_length=64, repeat=True,
+      shuffle_buffer_size=10000, seed=1)
+  inp = p.Instantiate()
+  inp.tokenizer.VocabSize()     # for the model's embeddings and softmax
+
+Each batch is a NestedMap (t = max_length, Lingvo's conventions):
+
+  src.ids       int32 [b, t]   tokens + </s>, then <pad>
+  src.paddings  float32 [b, t] 1.0 at padded positions, else 0.0
+  tgt.ids       int32 [b, t]   <s> + tokens: the decoder's inputs
+  tgt.labels    int32 [b, t]   tokens + </s>: what the decoder predicts
+  tgt.paddings  float32 [b, t]
+  tgt.weights   float32 [b, t] 1 - paddings
+
+A sentence longer than max_length - 1 words is truncated so that the </s>
+(and <s>) still fit.
+
+One word-level vocabulary (tokenizer.py) serves both sides. It is read from
+p.vocab_file or, if that is None, built from p.vocab_split (both sides) and
+cached as <data_dir>/lingvo_pipe_vocab/<dataset>.<split>.<src>-<tgt>.<max
+size>.txt; delete that file to rebuild it.
+
+Importing this module registers lingvo_pipe_synthetic_translation with TFDS.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from lingvo_pipe.core import base_input_generator
+from lingvo_pipe.core import hyperparams
+from lingvo_pipe.core.nested_map import NestedMap
+from lingvo_pipe.tasks.mt import synthetic_translation
+from lingvo_pipe.tasks.mt import tokenizer as tokenizer_lib
+
+
+class MTInput(base_input_generator.BaseInputGenerator):
+  """Source and target sentences of a TFDS translation dataset."""
+
+  @classmethod
+  def Params(cls) -> hyperparams.InstantiableParams:
+    p = super().Params()
+    p.dataset_name = synthetic_translation.NAME
+    p.Define('source_key', synthetic_translation.SOURCE_KEY,
+             "Feature holding the source sentence (e.g. 'de' in "
+             'wmt14_translate/de-en).')
+    p.Define('target_key', synthetic_translation.TARGET_KEY,
+             "Feature holding the target sentence (e.g. 'en').")
+    p.Define('max_length', 32,
+             'Length of every id sequence: longer sentences are truncated, '
+             'shorter ones padded.')
+    p.Define('vocab_file', None,
+             'Vocabulary file (tokenizer.py format); None builds one from '
+             'vocab_split and caches it under data_dir.')
+    p.Define('vocab_split', 'train',
+             'Split the vocabulary is built from when vocab_file is None.')
+    p.Define('max_vocab_size', 32000,
+             'Most ids a built vocabulary has (special ids included); None '
+             'keeps every word.')
+    return p
+
+  def __init__(self, params: hyperparams.Params) -> None:
+    super().__init__(params)
+    self._tokenizer: Optional[tokenizer_lib.Tokenizer] = None
+
+  def _CheckParams(self) -> None:
+    super()._CheckParams()
+    p = self.params
+    if not isinstance(p.max_length, int) or p.max_length < 2:
+      self._Fail(f'p.max_length is {p.max_length!r}; set an int >= 2 (room '
+                 'for a word and </s>).')
+
+  @property
+  def tokenizer(self) -> tokenizer_lib.Tokenizer:
+    """The vocabulary of both sides (loaded or built on first use)."""
+    if self._tokenizer is None:
+      self._tokenizer = self._MakeTokenizer()
+    return self._tokenizer
+
+  def VocabFile(self) -> str:
+    """p.vocab_file, or where the built vocabulary is cached."""
+    p = self.params
+    if p.vocab_file:
+      return p.vocab_file
+    name = '.'.join([p.dataset_name, p.vocab_split,
+                     f'{p.source_key}-{p.target_key}',
+                     str(p.max_vocab_size), 'txt'])
+    name = re.sub(r'[^A-Za-z0-9_.+-]', '_', name)
+    data_dir = p.data_dir or tfds.core.constants.DATA_DIR
+    return os.path.join(os.fspath(data_dir), 'lingvo_pipe_vocab', name)
+
+  def _MakeTokenizer(self) -> tokenizer_lib.Tokenizer:
+    p = self.params
+    path = self.VocabFile()
+    if tf.io.gfile.exists(path):
+      return tokenizer_lib.Tokenizer.FromFile(path)
+    if p.vocab_file:
+      self._Fail(f'p.vocab_file {path!r} does not exist; set it to an '
+                 'existing vocabulary file, or None to build one.')
+    tokenizer = tokenizer_lib.Tokenizer.FromTexts(
+        self._Texts(), max_vocab_size=p.max_vocab_size)
+    tokenizer.Save(path)
+    return tokenizer
+
+  def _Texts(self) -> Iterator[bytes]:
+    """Both sentences of every example of p.vocab_split."""
+    p = self.params
+    dataset = self._LoadSplit(p.vocab_split, shuffle_files=False)
+    self._CheckFeatures(self.DatasetInfo().features)
+    for example in dataset.as_numpy_iterator():
+      yield example[p.source_key]
+      yield example[p.target_key]
+
+  def _LoadExamples(self) -> tf.data.Dataset:
+    dataset = super()._LoadExamples()
+    self._CheckFeatures(self.DatasetInfo().features)
+    return dataset
+
+  def _CheckFeatures(self, features: Any) -> None:
+    p = self.params
+    for key in (p.source_key, p.target_key):
+      if key not in features:
+        self._Fail(f'dataset {p.dataset_name!r} has no feature {key!r} '
+                   f'(features: {sorted(features.keys())}); set '
+                   'p.source_key / p.target_key.')
+
+  def GetDataset(self) -> tf.data.Dataset:
+    _ = self.tokenizer  # Build or load it outside of tf.data's tracing.
+    return super().GetDataset()
+
+  def Preprocess(self, example: Dict[str, Any], seed: tf.Tensor) -> NestedMap:
+    del seed  # Unused.
+    p = self.params
+    tok = self.tokenizer
+    length = p.max_length
+    src = tok.Encode(example[p.source_key])[:length - 1]
+    tgt = tok.Encode(example[p.target_key])[:length - 1]
+    eos = tf.constant([tok.EOS_ID], tf.int32)
+    sos = tf.constant([tok.SOS_ID], tf.int32)
+    src_ids, src_paddings = _PadTo(tf.concat([src, eos], 0), length)
+    tgt_ids, tgt_paddings = _PadTo(tf.concat([sos, tgt], 0), length)
+    tgt_labels, _ = _PadTo(tf.concat([tgt, eos], 0), length)
+    return NestedMap(
+        src=NestedMap(ids=src_ids, paddings=src_paddings),
+        tgt=NestedMap(ids=tgt_ids, labels=tgt_labels, paddings=tgt_paddings,
+                      weights=1.0 - tgt_paddings))
+
+
+def _PadTo(ids: tf.Tensor, length: int) -> Tuple[tf.Tensor, tf.Tensor]:
+  """([length] ids padded with PAD_ID, [length] float32 paddings)."""
+  n = tf.shape(ids)[0]
+  padded = tf.pad(ids, [[0, length - n]], constant_values=tokenizer_lib.PAD_ID)
+  paddings = 1.0 - tf.sequence_mask(n, length, tf.float32)
+  return tf.ensure_shape(padded, [length]), paddings
