@@ -11,6 +11,8 @@ Jobs (`--job`):
   evaler_test    each new one on Dev / Test, until max_steps.
   decoder_dev    the same, running the task's Decode and its metrics.
   decoder_test
+  server         serve task --task_index of the worker job of
+                 --cluster_spec (a tf.distribute.Server) until killed.
 
 Layout of the logdir: `params.txt` (the final params), `train/` (checkpoints
 and training summaries), `eval_<dataset>/`, `decode_<dataset>/` (summaries).
@@ -41,8 +43,15 @@ flags.DEFINE_enum('run_locally', 'cpu', ['cpu', 'gpu'],
                   "model's pipelines have partitions; gpu: use the visible "
                   'GPUs.')
 flags.DEFINE_enum('job', 'trainer', ['trainer', 'evaler_dev', 'evaler_test',
-                                     'decoder_dev', 'decoder_test'],
+                                     'decoder_dev', 'decoder_test',
+                                     'server'],
                   'What to run (see the module docstring).')
+flags.DEFINE_string('cluster_spec', '',
+                    "TF cluster, e.g. 'worker=host1:2222,host2:2222'. With "
+                    '--job=server this process serves --task_index; with '
+                    'other jobs, partition k of each pipeline runs on '
+                    'worker task k.')
+flags.DEFINE_integer('task_index', 0, 'With --job=server: which worker task.')
 flags.DEFINE_string('model_params_override', '',
                     "Params text applied to the model params, lines of "
                     "'path : value' (e.g. 'task.train.max_steps : 100').")
@@ -54,7 +63,15 @@ flags.DEFINE_string('data_dir', None,
 flags.DEFINE_integer('follower_timeout_secs', 600,
                      'Evaler/decoder: stop after waiting this long for a '
                      'new checkpoint.')
-flags.mark_flags_as_required(['model', 'logdir'])
+
+@flags.multi_flags_validator(
+    ['job', 'model', 'logdir', 'cluster_spec'],
+    message='--model and --logdir are required (except with --job=server, '
+    'which needs --cluster_spec).')
+def _CheckRequired(values) -> bool:
+  if values['job'] == 'server':
+    return bool(values['cluster_spec'])
+  return bool(values['model'] and values['logdir'])
 
 _DATASETS = ('train', 'dev', 'test')
 
@@ -270,9 +287,20 @@ class Runner:
 
 def _Run() -> None:
   from lingvo_pipe.core import base_model  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
+  if FLAGS.job == 'server':
+    spec = cluster.ParseClusterSpec(FLAGS.cluster_spec)
+    print(f'Serving worker task {FLAGS.task_index} of {spec.as_dict()}.',
+          flush=True)
+    cluster.StartServer(spec, 'worker', FLAGS.task_index).join()
+    return
   p = LoadParams(FLAGS.model, FLAGS.model_params_override,
                  FLAGS.model_params_file_override, FLAGS.data_dir)
-  SetUpDevices(FLAGS.run_locally, base_model.NumDevicesNeeded(p.task))
+  if FLAGS.cluster_spec:
+    names = cluster.Connect(cluster.ParseClusterSpec(FLAGS.cluster_spec))
+    cluster.PlacePipelines(p.task, names)
+  else:
+    SetUpDevices(FLAGS.run_locally, base_model.NumDevicesNeeded(p.task))
   os.makedirs(FLAGS.logdir, exist_ok=True)
   text = p.ToText()
   logging.info('Model params:\n%s', text)

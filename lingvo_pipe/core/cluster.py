@@ -1,0 +1,104 @@
+"""Pipelines across machines: TensorFlow's own gRPC servers, no home-made RPC.
+
+Each worker runs a `tf.distribute.Server` (`python -m lingvo_pipe.trainer
+--job=server --cluster_spec=... --task_index=i`); the trainer connects to
+the cluster, and partition k of every PipeliningLayer that names no devices
+runs on worker task k:
+
+  trainer (client) --gRPC--> worker task 0: partition 0 variables and ops
+                   --gRPC--> worker task 1: partition 1 ...
+
+TensorFlow's runtime moves the activations between tasks (Send/Recv).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import tensorflow as tf
+
+
+def ParseClusterSpec(text: str) -> tf.train.ClusterSpec:
+  """'worker=host:port,host:port;ps=host:port' -> ClusterSpec."""
+  jobs = {}
+  for part in text.split(';'):
+    part = part.strip()
+    if not part:
+      continue
+    name, sep, addresses = part.partition('=')
+    hosts = [a.strip() for a in addresses.split(',') if a.strip()]
+    if not sep or not name.strip() or not hosts:
+      raise ValueError(
+          f'Bad cluster spec part {part!r}; write job=host:port[,host:port]'
+          "[;job2=...], e.g. 'worker=localhost:2222,localhost:2223'.")
+    jobs[name.strip()] = hosts
+  if not jobs:
+    raise ValueError('The cluster spec is empty; write e.g. '
+                     "'worker=localhost:2222,localhost:2223'.")
+  return tf.train.ClusterSpec(jobs)
+
+
+def StartServer(spec: tf.train.ClusterSpec, job: str,
+                task_index: int) -> tf.distribute.Server:
+  """Starts this process's server for task `task_index` of `job`."""
+  if job not in spec.jobs or task_index >= spec.num_tasks(job):
+    raise ValueError(
+        f'Task {task_index} of job {job!r} is not in the cluster spec '
+        f'{spec.as_dict()}; fix --task_index or --cluster_spec.')
+  return tf.distribute.Server(spec, job_name=job, task_index=task_index,
+                              start=True)
+
+
+def Connect(spec: tf.train.ClusterSpec, job: str = 'worker') -> List[str]:
+  """Connects this client; returns one device per task of `job`.
+
+  The device of a task is its first GPU if it has one, else its first CPU.
+  """
+  if job not in spec.jobs:
+    raise ValueError(f'The cluster spec {spec.as_dict()} has no job {job!r}.')
+  tf.config.experimental_connect_to_cluster(spec)
+  remote = [tf.DeviceSpec.from_string(d.name)
+            for d in tf.config.list_logical_devices()]
+  found = []
+  for task in range(spec.num_tasks(job)):
+    mine = [d for d in remote if d.job == job and d.task == task]
+    for kind in ('GPU', 'CPU'):
+      hits = sorted((d for d in mine if d.device_type == kind),
+                    key=lambda d: d.device_index)
+      if hits:
+        found.append(hits[0].to_string())
+        break
+    else:
+      raise RuntimeError(
+          f'Task {task} of job {job!r} shows no devices; is its server '
+          'running?')
+  return found
+
+
+def PlacePipelines(params: Any, device_names: List[str]) -> int:
+  """Sets `devices` of every pipeline params in the tree that has none.
+
+  Returns how many pipelines were placed. A pipeline with more partitions
+  than there are devices is an error naming both numbers.
+  """
+  placed = 0
+  stack = [params]
+  while stack:
+    value = stack.pop()
+    if isinstance(value, (list, tuple)):
+      stack.extend(value)
+    elif isinstance(value, dict):
+      stack.extend(value.values())
+    elif hasattr(value, 'IterParams'):
+      if 'cell_tpl' in value and 'devices' in value and value.cell_tpl:
+        if value.devices is None:
+          k = len(value.cell_tpl)
+          if k > len(device_names):
+            raise ValueError(
+                f'A pipeline has {k} partitions but the cluster has '
+                f'{len(device_names)} tasks; add tasks or use fewer '
+                'partitions.')
+          value.devices = list(device_names[:k])
+          placed += 1
+      stack.extend(v for _, v in value.IterParams())
+  return placed
