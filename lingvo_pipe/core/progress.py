@@ -3,7 +3,9 @@
 On a terminal the line is rewritten in place; otherwise (a log file, CI) a
 full line is printed at most every `min_interval` seconds, so logs stay
 short. The ETA is the remaining steps over the recent step rate (an
-exponential moving average, so one slow step does not swing it).
+exponential moving average, so one slow step does not swing it). The
+first update only starts the clock: the first step of a run includes
+tracing the step function, which says nothing about the rate.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Progress:
     self._clock = clock
     self._last_step = int(start_step)
     self._last_time = clock()
+    self._started = False
     self._last_print = None
     self._steps_per_sec: Optional[float] = None
 
@@ -56,7 +59,9 @@ class Progress:
     """Records reaching `step`; returns the line (printed if due)."""
     now = self._clock()
     steps = step - self._last_step
-    if steps > 0 and now > self._last_time:
+    if not self._started:
+      self._started = True
+    elif steps > 0 and now > self._last_time:
       rate = steps / (now - self._last_time)
       self._steps_per_sec = rate if self._steps_per_sec is None else (
           0.7 * self._steps_per_sec + 0.3 * rate)

@@ -39,10 +39,13 @@ class ProgressTest(absltest.TestCase):
     clock = _Clock()
     bar = progress.Progress(1000, start_step=900, stream=io.StringIO(),
                             clock=clock)
+    clock.now += 60.0  # the first step traces: it only starts the clock
+    bar.Update(901, 1, {})
+    self.assertIsNone(bar.steps_per_second)
     clock.now += 5.0
-    bar.Update(950, 1, {})
+    bar.Update(951, 1, {})
     self.assertAlmostEqual(bar.steps_per_second, 10.0)
-    self.assertAlmostEqual(bar.Eta(950), 5.0)
+    self.assertAlmostEqual(bar.Eta(951), 4.9)
 
   def testLogOutputIsRateLimitedButTheLastStepPrints(self):
     clock, out = _Clock(), io.StringIO()
