@@ -1,0 +1,259 @@
+"""TransformerMT: an encoder-decoder Transformer translation task.
+
+  ComputePredictions(theta, batch):
+    src = emb(src.ids) * sqrt(d) + positions, dropout            [b, s, d]
+    tgt = emb(tgt.ids) * sqrt(d) + positions, dropout            [b, t, d]
+    out = stack(NestedMap(vec=src, paddings, tgt_vec=tgt, tgt_paddings,
+                          example_keys))                         [b, t, d]
+    logits = out.vec @ emb^T                                     [b, t, V]
+  ComputeLoss: label-smoothed cross-entropy, mean over non-padded target
+    tokens; also log_pplx (without smoothing) and token_accuracy.
+  Decode: greedy (decoder.py), the encoder run once, the switch and the
+    decoder re-run over the growing prefix; hyp_ids [b, T], ref_ids.
+
+`stack` is the network of transformer.py: a PipeliningLayer over encoder,
+switch and decoder layers (GPipe), or the same layers in a SequentialLayer.
+The embedding table(s) and the tied softmax are outside it; embeddings are
+computed on the stack's first device, logits on its last.
+
+Decoder metrics: corpus BLEU-4 over token ids (bleu.py; the vocabulary is
+word-level, so that is word BLEU with out-of-vocabulary words as <unk>) and
+the fraction of sentences decoded exactly.
+
+Batches are MTInput's (input_generator.py): src.ids, src.paddings, tgt.ids
+(<s> first), tgt.labels (</s> last), tgt.paddings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from lingvo_pipe.core import attention
+from lingvo_pipe.core import base_layer
+from lingvo_pipe.core import base_model
+from lingvo_pipe.core import dropout
+from lingvo_pipe.core import gpipe
+from lingvo_pipe.core import hyperparams
+from lingvo_pipe.core import layers
+from lingvo_pipe.core.nested_map import NestedMap
+from lingvo_pipe.tasks.mt import bleu
+from lingvo_pipe.tasks.mt import decoder
+from lingvo_pipe.tasks.mt import transformer
+
+
+class TransformerMT(base_model.BaseTask):
+  """Encoder-decoder Transformer for translation (module docstring)."""
+
+  @classmethod
+  def Params(cls) -> hyperparams.InstantiableParams:
+    p = super().Params()
+    p.Define('src_vocab_size', 0, 'Source ids.')
+    p.Define('tgt_vocab_size', 0, 'Target ids (and softmax classes).')
+    p.Define('shared_embedding', True,
+             'One table for source, target and softmax (the vocab sizes '
+             'must be equal); else a source table and a target table, the '
+             'softmax tied to the target table.')
+    p.Define('model_dim', 0, 'Model dimension d of the embeddings and stack.')
+    p.Define('stack', None,
+             'The network: transformer.PipelinedStack(...) or '
+             'transformer.SequentialStack(...) params of '
+             'transformer.TransformerLayers(...).')
+    p.Define('input_dropout_prob', 0.0,
+             'Dropout on the embeddings (with positions) of both sides.')
+    p.Define('label_smoothing', 0.1, 'Label smoothing of the loss.')
+    p.Define('max_decode_length', None,
+             'Tokens decoded per sentence (</s> included); None: the '
+             "batch's target length.")
+    return p
+
+  def __init__(self, params: hyperparams.Params) -> None:
+    super().__init__(params)
+    p = self.params
+    where = f"TransformerMT '{self.path}'"
+    for key in ('src_vocab_size', 'tgt_vocab_size', 'model_dim'):
+      if not isinstance(p.Get(key), int) or p.Get(key) <= 0:
+        raise ValueError(f'{where}: {key}={p.Get(key)!r} must be a positive '
+                         'int.')
+    if p.shared_embedding and p.src_vocab_size != p.tgt_vocab_size:
+      raise ValueError(
+          f'{where}: shared_embedding needs src_vocab_size '
+          f'({p.src_vocab_size}) == tgt_vocab_size ({p.tgt_vocab_size}); '
+          'make them equal or set shared_embedding=False.')
+    if p.stack is None:
+      raise ValueError(
+          f'{where}: set p.stack, e.g. transformer.PipelinedStack('
+          'transformer.TransformerLayers(...), num_partitions, '
+          'num_micro_batches).')
+    if not 0.0 <= p.label_smoothing < 1.0:
+      raise ValueError(
+          f'{where}: label_smoothing={p.label_smoothing} must be in [0, 1).')
+    if p.max_decode_length is not None and p.max_decode_length < 1:
+      raise ValueError(
+          f'{where}: max_decode_length={p.max_decode_length} must be >= 1 '
+          'or None.')
+    emb_init = base_layer.WeightInit.Gaussian(p.model_dim**-0.5)
+    names = ['emb'] if p.shared_embedding else ['src_emb', 'tgt_emb']
+    sizes = [p.src_vocab_size, p.tgt_vocab_size]
+    for name, size in zip(names, sizes):
+      self.CreateChild(name, layers.EmbeddingLayer.Params().Set(
+          vocab_size=size, embedding_dim=p.model_dim, scale_sqrt_depth=True,
+          params_init=emb_init))
+    self.CreateChild('pos_emb', attention.PositionalEmbeddingLayer.Params()
+                     .Set(embedding_dim=p.model_dim))
+    for side in ('src', 'tgt'):
+      self.CreateChild(f'{side}_dropout', dropout.DropoutLayer.Params().Set(
+          keep_prob=1.0 - p.input_dropout_prob))
+    self.CreateChild('stack', p.stack)
+
+  # ---- pieces ---------------------------------------------------------------
+
+  def _Table(self, side: str) -> str:
+    return 'emb' if self.params.shared_embedding else f'{side}_emb'
+
+  def _Device(self, index: int) -> Optional[str]:
+    if isinstance(self.stack, gpipe.PipeliningLayer):
+      return self.stack.devices[index]
+    return None
+
+  def _Embed(self, theta: NestedMap, side: str, ids: tf.Tensor,
+             example_keys: Optional[tf.Tensor]) -> tf.Tensor:
+    """ids [b, t] -> embeddings + positions, dropped out: [b, t, d]."""
+    name = self._Table(side)
+    x = self.children[name].EmbLookup(theta[name], ids)
+    x += self.pos_emb.FProp(theta.pos_emb, seq_length=ids.shape[1])[None]
+    drop = f'{side}_dropout'
+    return self.children[drop].FProp(theta[drop], x, example_keys)
+
+  def _Logits(self, theta: NestedMap, vec: tf.Tensor) -> tf.Tensor:
+    name = self._Table('tgt')
+    with tf.device(self._Device(-1)):
+      return self.children[name].Logits(theta[name], vec)
+
+  def _SourceState(self, theta: NestedMap, src: NestedMap,
+                   example_keys: Optional[tf.Tensor]) -> NestedMap:
+    with tf.device(self._Device(0)):
+      state = NestedMap(
+          vec=self._Embed(theta, 'src', src.ids, example_keys),
+          paddings=src.paddings)
+    if example_keys is not None:
+      state.example_keys = example_keys
+    return state
+
+  def _AddTarget(self, theta: NestedMap, state: NestedMap, ids: tf.Tensor,
+                 paddings: tf.Tensor) -> NestedMap:
+    state = NestedMap(state)
+    with tf.device(self._Device(0)):
+      state.tgt_vec = self._Embed(theta, 'tgt', ids,
+                                  state.get('example_keys'))
+    state.tgt_paddings = paddings
+    return state
+
+  # ---- BaseTask -------------------------------------------------------------
+
+  def ComputePredictions(self, theta: NestedMap,
+                         input_batch: NestedMap) -> NestedMap:
+    """NestedMap(logits [b, t, V]) for the target positions."""
+    keys = input_batch.get('example_keys')
+    tgt = input_batch.tgt
+    state = self._SourceState(theta, input_batch.src, keys)
+    state = self._AddTarget(theta, state, tgt.ids, tgt.paddings)
+    out = self.stack.FProp(theta.stack, state)
+    return NestedMap(logits=self._Logits(theta, out.vec))
+
+  def ComputeLoss(self, theta: NestedMap, predictions: NestedMap,
+                  input_batch: NestedMap
+                  ) -> Tuple[base_model.Metrics, NestedMap]:
+    """loss (smoothed xent per token), log_pplx, token_accuracy.
+
+    Each metric is (mean over non-padded target tokens, their number).
+    per_example: NestedMap(xent [b] summed over tokens, without label
+    smoothing; num_tokens [b]).
+    """
+    del theta  # The loss has no variables.
+    tgt = input_batch.tgt
+    logits = predictions.logits
+    with tf.device(self._Device(-1)):
+      xent = layers.SoftmaxCrossEntropy(
+          logits, class_ids=tgt.labels,
+          label_smoothing=self.params.label_smoothing,
+          paddings=tgt.paddings)
+      weight = xent.per_example_weight                      # [b, t]
+      num_tokens = xent.total_weight
+      nll = -tf.gather(xent.log_probs, tgt.labels, batch_dims=2)
+      correct = tf.cast(
+          tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
+                   tgt.labels), weight.dtype)
+      log_pplx = tf.math.divide_no_nan(tf.reduce_sum(nll * weight),
+                                       num_tokens)
+      accuracy = tf.math.divide_no_nan(tf.reduce_sum(correct * weight),
+                                       num_tokens)
+    metrics = {'loss': (xent.avg_loss, num_tokens),
+               'log_pplx': (log_pplx, num_tokens),
+               'token_accuracy': (accuracy, num_tokens)}
+    per_example = NestedMap(xent=tf.reduce_sum(nll * weight, axis=1),
+                            num_tokens=tf.reduce_sum(weight, axis=1))
+    return metrics, per_example
+
+  def Decode(self, theta: NestedMap, input_batch: NestedMap) -> NestedMap:
+    """Greedy decoding (decoder.py); every output shape is static.
+
+    Returns:
+      NestedMap(hyp_ids int32 [b, T], hyp_lengths int32 [b], scores [b]
+      (sum of log-probabilities, float32), src_ids [b, s] and, if the
+      batch has a target, ref_ids [b, t] (tgt.labels)); T is
+      p.max_decode_length or the target length t.
+    """
+    src = input_batch.src
+    max_length = self._DecodeLength(input_batch)
+    batch_size = src.ids.shape[0]
+    if batch_size is None:
+      raise ValueError(
+          f"TransformerMT '{self.path}': Decode needs a static batch size; "
+          'use drop_remainder batches (MTInput does).')
+    encoder_steps, decoder_steps = transformer.SplitAtSwitch(
+        transformer.StackSteps(self.stack, theta.stack))
+    keys = input_batch.get('example_keys')
+    encoded = transformer.RunSteps(
+        encoder_steps, self._SourceState(theta, src, keys))
+    no_paddings = tf.zeros([batch_size, max_length], src.paddings.dtype)
+
+    def LogitsFn(prefix_ids: tf.Tensor) -> tf.Tensor:
+      state = self._AddTarget(theta, encoded, prefix_ids, no_paddings)
+      out = transformer.RunSteps(decoder_steps, state)
+      return self._Logits(theta, out.vec)
+
+    hyps = decoder.GreedyDecode(LogitsFn, batch_size, max_length)
+    out = NestedMap(hyp_ids=hyps.ids, hyp_lengths=hyps.lengths,
+                    scores=hyps.scores, src_ids=src.ids)
+    if 'tgt' in input_batch:
+      out.ref_ids = input_batch.tgt.labels
+    return out
+
+  def _DecodeLength(self, input_batch: NestedMap) -> int:
+    if self.params.max_decode_length is not None:
+      return self.params.max_decode_length
+    if 'tgt' not in input_batch or input_batch.tgt.ids.shape[1] is None:
+      raise ValueError(
+          f"TransformerMT '{self.path}': set p.max_decode_length; the batch "
+          'has no target of static length to take it from.')
+    return int(input_batch.tgt.ids.shape[1])
+
+  def CreateDecoderMetrics(self) -> Dict[str, Any]:
+    """corpus_bleu (0-100, over token ids) and exact_match (fraction)."""
+    return {'corpus_bleu': bleu.CorpusBleuMetric(),
+            'exact_match': base_model.AverageMetric()}
+
+  def PostProcessDecodeOut(self, decode_out: Dict[str, Any],
+                           metrics: Dict[str, Any]) -> None:
+    """Adds each decoded sentence (up to </s>) against its reference."""
+    hyps = np.asarray(decode_out['hyp_ids'])
+    refs = np.asarray(decode_out['ref_ids'])
+    for hyp_row, ref_row in zip(hyps, refs):
+      hyp = decoder.TrimIds(hyp_row)
+      ref = decoder.TrimIds(ref_row)
+      metrics['corpus_bleu'].AddSentence(hyp, ref)
+      metrics['exact_match'].Update(float(hyp == ref))
+

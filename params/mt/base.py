@@ -1,0 +1,122 @@
+"""TransformerGPipeBase: the shared recipe of the registered MT models.
+
+Not registered itself. A model subclasses it and sets the class attributes
+(the knobs below); `Task()` builds a TransformerMT whose stack is one
+PipeliningLayer over the whole encoder-decoder (transformer.py), cut into
+NUM_PARTITIONS cells balanced by flops for one micro-batch of
+BATCH_SIZE / NUM_MICRO_BATCHES sentences of MAX_LENGTH tokens.
+
+The model's vocabulary size is the input's max_vocab_size (VOCAB_SIZE): the
+word vocabulary MTInput builds has at most that many ids, so every id fits.
+A smaller built vocabulary leaves some rows of the table unused.
+
+To try other sizes, subclass and change the knobs:
+
+  class Wider(synthetic.TransformerTinyGPipe):
+    MODEL_DIM = 128
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from lingvo_pipe.core import hyperparams
+from lingvo_pipe.core import lr_schedule
+from lingvo_pipe.core import optimizer
+from lingvo_pipe.tasks.mt import input_generator
+from lingvo_pipe.tasks.mt import model
+from lingvo_pipe.tasks.mt import transformer
+
+
+class TransformerGPipeBase:
+  """Knobs and the Task/Train/Dev/Test recipe (module docstring)."""
+
+  # Data.
+  DATASET = ''
+  SOURCE_KEY = 'src'
+  TARGET_KEY = 'tgt'
+  DATA_DIR: Optional[str] = None
+  VOCAB_SIZE = 32000
+  MAX_LENGTH = 64
+  BATCH_SIZE = 64
+  EVAL_BATCH_SIZE = 64
+  SHUFFLE_BUFFER_SIZE = 10000
+  DEV_SPLIT = 'validation'
+  TEST_SPLIT = 'test'
+  # Network.
+  MODEL_DIM = 512
+  HIDDEN_DIM = 2048
+  NUM_HEADS = 8
+  NUM_ENCODER_LAYERS = 6
+  NUM_DECODER_LAYERS = 6
+  DROPOUT = 0.1
+  ATTEN_DROPOUT = 0.0
+  RELU_DROPOUT = 0.0
+  INPUT_DROPOUT = 0.1
+  LABEL_SMOOTHING = 0.1
+  # Pipeline.
+  NUM_PARTITIONS = 2
+  NUM_MICRO_BATCHES = 4
+  RECOMPUTE = 'always'
+  # Training.
+  LEARNING_RATE = 1e-3
+  WARMUP_STEPS = 4000
+  ADAM_BETA2 = 0.98
+  ADAM_EPSILON = 1e-9
+  CLIP_GRADIENT_NORM = 0.0
+  MAX_STEPS = 100000
+  SAVE_INTERVAL_STEPS = 1000
+  EVAL_INTERVAL_STEPS = 1000
+  EVAL_STEPS = 10
+  SEED = 1
+
+  def _Input(self, split: str, training: bool) -> hyperparams.Params:
+    return input_generator.MTInput.Params().Set(
+        name=split, dataset_name=self.DATASET, source_key=self.SOURCE_KEY,
+        target_key=self.TARGET_KEY, data_dir=self.DATA_DIR, split=split,
+        batch_size=self.BATCH_SIZE if training else self.EVAL_BATCH_SIZE,
+        max_length=self.MAX_LENGTH, max_vocab_size=self.VOCAB_SIZE,
+        shuffle_buffer_size=self.SHUFFLE_BUFFER_SIZE if training else 0,
+        repeat=training, seed=self.SEED)
+
+  def Train(self) -> hyperparams.Params:
+    return self._Input('train', training=True)
+
+  def Dev(self) -> hyperparams.Params:
+    return self._Input(self.DEV_SPLIT, training=False)
+
+  def Test(self) -> hyperparams.Params:
+    return self._Input(self.TEST_SPLIT, training=False)
+
+  def Stack(self) -> hyperparams.Params:
+    """The pipelined encoder-decoder (transformer.py)."""
+    layer_params = transformer.TransformerLayers(
+        self.NUM_ENCODER_LAYERS, self.NUM_DECODER_LAYERS, self.MODEL_DIM,
+        self.HIDDEN_DIM, self.NUM_HEADS, dropout_prob=self.DROPOUT,
+        atten_dropout_prob=self.ATTEN_DROPOUT,
+        relu_dropout_prob=self.RELU_DROPOUT)
+    micro_batch = max(1, self.BATCH_SIZE // self.NUM_MICRO_BATCHES)
+    shapes = transformer.StateShapes(micro_batch, self.MAX_LENGTH,
+                                     self.MAX_LENGTH, self.MODEL_DIM)
+    return transformer.PipelinedStack(
+        layer_params, self.NUM_PARTITIONS, self.NUM_MICRO_BATCHES,
+        input_shapes=shapes, recompute=self.RECOMPUTE)
+
+  def Task(self) -> hyperparams.Params:
+    p = model.TransformerMT.Params().Set(
+        src_vocab_size=self.VOCAB_SIZE, tgt_vocab_size=self.VOCAB_SIZE,
+        shared_embedding=True, model_dim=self.MODEL_DIM, stack=self.Stack(),
+        input_dropout_prob=self.INPUT_DROPOUT,
+        label_smoothing=self.LABEL_SMOOTHING, random_seed=self.SEED)
+    tp = p.train
+    tp.optimizer = optimizer.Adam.Params().Set(
+        beta1=0.9, beta2=self.ADAM_BETA2, epsilon=self.ADAM_EPSILON)
+    tp.learning_rate = self.LEARNING_RATE
+    tp.lr_schedule = lr_schedule.LinearWarmupRsqrtDecay.Params().Set(
+        warmup_steps=self.WARMUP_STEPS)
+    tp.clip_gradient_norm_to_value = self.CLIP_GRADIENT_NORM
+    tp.max_steps = self.MAX_STEPS
+    tp.save_interval_steps = self.SAVE_INTERVAL_STEPS
+    tp.eval_interval_steps = self.EVAL_INTERVAL_STEPS
+    tp.eval_steps = self.EVAL_STEPS
+    return p

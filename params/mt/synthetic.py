@@ -1,0 +1,59 @@
+"""The built-in MT model: trains offline on the synthetic language pair.
+
+  python -m lingvo_pipe.trainer --model=mt.synthetic.TransformerTinyGPipe \\
+      --logdir=/tmp/mt_tiny
+
+lingvo_pipe_synthetic_translation (tasks/mt/synthetic_translation.py) maps
+each source word to a target word and swaps adjacent pairs of words; it is
+generated locally on first use, no downloads. Its word vocabulary has 4
+special ids + 64 source + 64 target words = 132 ids.
+"""
+
+from __future__ import annotations
+
+from lingvo_pipe.core import model_registry
+from lingvo_pipe.tasks.mt import synthetic_translation
+from params.mt import base
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerTinyGPipe(base.TransformerGPipeBase):
+  """A small Transformer, 2 + 2 layers, d=64, over K=2 partitions, M=4.
+
+  One PipeliningLayer holds the encoder, the switch and the decoder
+  (transformer.py); it needs 2 devices (the trainer splits the CPU).
+
+  Measured on the 2-core machine under load (load average about 5), with
+  the trainer: the first step (tracing) about 25 s, then about 0.17-0.2 s
+  per step of 32 sentence pairs. Dev after 400 steps: token accuracy
+  0.82, greedy corpus BLEU 59.2, exact match 36% (800 sentences); after
+  600 steps (MAX_STEPS, about 100 s of steps): token accuracy 0.94,
+  BLEU 86.6, exact match 68%.
+  """
+
+  DATASET = synthetic_translation.NAME
+  SOURCE_KEY = synthetic_translation.SOURCE_KEY
+  TARGET_KEY = synthetic_translation.TARGET_KEY
+  VOCAB_SIZE = 4 + 2 * synthetic_translation.NUM_WORDS
+  MAX_LENGTH = synthetic_translation.MAX_LENGTH + 2
+  BATCH_SIZE = 32
+  EVAL_BATCH_SIZE = 40
+  SHUFFLE_BUFFER_SIZE = 2000
+  MODEL_DIM = 64
+  HIDDEN_DIM = 256
+  NUM_HEADS = 4
+  NUM_ENCODER_LAYERS = 2
+  NUM_DECODER_LAYERS = 2
+  DROPOUT = 0.0
+  INPUT_DROPOUT = 0.0
+  LABEL_SMOOTHING = 0.1
+  NUM_PARTITIONS = 2
+  NUM_MICRO_BATCHES = 4
+  LEARNING_RATE = 5e-3
+  WARMUP_STEPS = 100
+  ADAM_BETA2 = 0.98
+  CLIP_GRADIENT_NORM = 1.0
+  MAX_STEPS = 600
+  SAVE_INTERVAL_STEPS = 300
+  EVAL_INTERVAL_STEPS = 300
+  EVAL_STEPS = 10

@@ -1,0 +1,125 @@
+"""Every registered MT model builds, and trains one step at a tiny size.
+
+The registered params are built as they are (params only: no variables).
+The training step uses the same recipe with tiny sizes (a subclass that
+changes the knobs of params/mt/base.py, keeping the pipeline's K; M=1
+halves the ops to trace, and mt_model_test.py covers M > 1): on
+'lingvo_pipe_synthetic_translation/tiny' for local builders and on
+tfds.testing.mock_data for catalog datasets (nothing is downloaded).
+"""
+
+import importlib
+import inspect
+import pkgutil
+import shutil
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from lingvo_pipe.core import devices
+
+devices.SplitCpu(4)
+
+from lingvo_pipe.core import base_input_generator  # noqa: E402
+from lingvo_pipe.core import base_model  # noqa: E402
+from lingvo_pipe.core import model_registry  # noqa: E402
+from lingvo_pipe.tasks.mt import model  # noqa: E402
+from lingvo_pipe.tasks.mt import transformer  # noqa: E402
+import params.mt  # noqa: E402
+
+_TINY = dict(MODEL_DIM=8, HIDDEN_DIM=16, NUM_HEADS=2, NUM_ENCODER_LAYERS=1,
+             NUM_DECODER_LAYERS=1, BATCH_SIZE=4, EVAL_BATCH_SIZE=4,
+             MAX_LENGTH=8, NUM_MICRO_BATCHES=1, SHUFFLE_BUFFER_SIZE=8)
+
+
+def _MtModelKeys():
+  """Keys of the registered classes of every module under params/mt."""
+  keys = []
+  for info in pkgutil.iter_modules(params.mt.__path__):
+    module = importlib.import_module(f'params.mt.{info.name}')
+    for name, cls in inspect.getmembers(module, inspect.isclass):
+      key = f'mt.{info.name}.{name}'
+      if cls.__module__ != module.__name__:
+        continue
+      try:
+        if model_registry.GetClass(key) is cls:
+          keys.append(key)
+      except LookupError:
+        pass  # A base class, not registered.
+  return sorted(keys)
+
+
+_KEYS = _MtModelKeys()
+_NAMED_KEYS = [(key.replace('.', '_'), key) for key in _KEYS]
+
+
+def _TinyParams(key, data_dir):
+  cls = model_registry.GetClass(key)
+  attrs = dict(_TINY, DATA_DIR=data_dir)
+  if base_input_generator.IsLocalBuilder(cls.DATASET):
+    attrs['DATASET'] = cls.DATASET.split('/')[0] + '/tiny'
+  tiny = type(f'{cls.__name__}Tiny', (cls,), attrs)()
+  return tiny.Task().Set(name='task'), tiny.Train(), tiny.Dev()
+
+
+class RegisteredMTModelsTest(tf.test.TestCase, parameterized.TestCase):
+
+  def testTheBuiltInModelsAreRegistered(self):
+    self.assertContainsSubset(['mt.synthetic.TransformerTinyGPipe',
+                               'mt.wmt14_en_de.TransformerBigGPipe'], _KEYS)
+
+  @parameterized.named_parameters(*_NAMED_KEYS)
+  def testRealParamsAreConsistent(self, key):
+    p = model_registry.GetParams(key)
+    cls = model_registry.GetClass(key)
+    task = p.task
+    self.assertIs(model.TransformerMT, task.cls)
+    self.assertEqual(cls.NUM_PARTITIONS, base_model.NumDevicesNeeded(task))
+    want = [lp.name for lp in transformer.TransformerLayers(
+        cls.NUM_ENCODER_LAYERS, cls.NUM_DECODER_LAYERS, 8, 8, 1)]
+    self.assertEqual(want, [s.name for c in task.stack.cell_tpl
+                            for s in c.sub])
+    m = task.stack.num_micro_batches
+    for input_p in (p.train_input, p.dev_input, p.test_input):
+      self.assertEqual(0, input_p.batch_size % m, input_p.name)
+      self.assertEqual(task.src_vocab_size, input_p.max_vocab_size)
+      self.assertEqual(task.tgt_vocab_size, input_p.max_vocab_size)
+    self.assertTrue(p.train_input.repeat)
+    self.assertFalse(p.dev_input.repeat)
+    self.assertIn('task.stack.cell_tpl[0]', p.ToText())
+
+  @parameterized.named_parameters(*_NAMED_KEYS)
+  def testTinyVersionTrainsOneStepAndDecodes(self, key):
+    data_dir = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, data_dir, ignore_errors=True)
+    if not base_input_generator.IsLocalBuilder(
+        model_registry.GetClass(key).DATASET):
+      self.enter_context(tfds.testing.mock_data(num_examples=16))
+    task_p, train_p, dev_p = _TinyParams(key, data_dir)
+    task = task_p.Instantiate()
+    self.assertEqual(model_registry.GetClass(key).NUM_PARTITIONS,
+                     task.stack.num_partitions)
+    task.CreateTrainState()
+    batch = next(iter(train_p.Instantiate().GetDataset()))
+    out = tf.function(task.TrainStep, autograph=False)(batch)
+    self.assertTrue(np.isfinite(out.loss.numpy()), key)
+    self.assertTrue(bool(out.is_finite))
+    self.assertEqual(1, int(out.global_step))
+    self.assertBetween(float(out.token_accuracy), 0.0, 1.0)
+    # Decoding runs eagerly here (no trace), on a Dev batch.
+    dev_batch = next(iter(dev_p.Instantiate().GetDataset()))
+    decoded = task.DecodeStep(dev_batch)
+    self.assertEqual([4, 8], decoded.hyp_ids.shape)
+    metrics = task.CreateDecoderMetrics()
+    task.PostProcessDecodeOut(
+        tf.nest.map_structure(lambda t: t.numpy(), decoded), metrics)
+    self.assertBetween(metrics['corpus_bleu'].value, 0.0, 100.0)
+    self.assertEqual(4, metrics['exact_match'].total_weight)
+
+
+if __name__ == '__main__':
+  absltest.main()
