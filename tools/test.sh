@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite: pytest over tests/, then every Bazel test.
+#   1. bash tools/setup.sh      creates or checks .venv
+#   2. pytest tests             every *_test.py once, in one process
+#   3. bash tools/bazel_test.sh bazel test //... (one process per test file,
+#                               and checks the BUILD files' deps)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash tools/setup.sh
+
+status=0
+.venv/bin/python -m pytest tests -q || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "tools/test.sh: FAILED: pytest collected no tests under tests/" \
+    "(expected *_test.py files)" >&2
+  exit 1
+elif [ "$status" -ne 0 ]; then
+  echo "tools/test.sh: FAILED: pytest exited with $status" >&2
+  exit "$status"
+fi
+
+bash tools/bazel_test.sh
