@@ -204,17 +204,13 @@ class ExactnessTest(tf.test.TestCase, parameterized.TestCase):
       self._split[m] = _SplitReferenceGrads(self._ref, self._inputs, m)
     return self._split[m]
 
-  @parameterized.parameters(itertools.product(
-      (1, 2, 3, 4), (1, 2, 4, 8), gpipe.RECOMPUTE_MODES))
-  def testEveryGradientMatchesSequential(self, k, m, recompute):
-    # Dropout on: masks depend on the example key, not on K or M.
-    pipe = _Pipeline(k, m, recompute, keep_prob=0.75)
+  def _CheckAgainstReferences(self, pipe, m, grads_fn):
     pairs = _PairedVariables(pipe, self._ref)
     self.assertLen(pairs, 2 * NUM_LAYERS)
     for pv, rv in pairs:  # same seed paths, so identical initial values
       self.assertAllEqual(pv, rv)
     ref_loss, ref_grads, ref_dx = self._full
-    loss, grads, dx = _Grads(pipe, self._inputs)
+    loss, grads, dx = grads_fn(pipe, self._inputs)
     self.assertAllClose(ref_loss, loss, atol=1e-12, rtol=0)
     self.assertAllClose(ref_dx, dx, atol=1e-12, rtol=0)
     for pv, rv in pairs:
@@ -226,6 +222,25 @@ class ExactnessTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllEqual(split_dx, dx)
     for pv, rv in pairs:
       self.assertAllEqual(split_grads[id(rv)], grads[id(pv)], msg=pv.name)
+
+  @parameterized.parameters(itertools.product(
+      (1, 2, 3, 4), (1, 2, 4, 8), gpipe.RECOMPUTE_MODES))
+  def testEveryGradientMatchesSequential(self, k, m, recompute):
+    """The whole matrix, run eagerly (5x quicker than tracing each case).
+
+    Dropout is on: masks depend on the example key, not on K or M.
+    """
+    pipe = _Pipeline(k, m, recompute, keep_prob=0.75)
+    self._CheckAgainstReferences(
+        pipe, m, lambda p, x: _Grads(p, x, fn_wrapper=lambda f: f))
+
+  @parameterized.parameters(
+      (1, 8, 'never'), (2, 4, 'always'), (2, 4, 'except_last'),
+      (3, 2, 'except_last'), (4, 8, 'always'), (4, 1, 'never'))
+  def testTracedStepMatchesSequential(self, k, m, recompute):
+    """In a tf.function (control dependencies, Grappler): still bitwise."""
+    pipe = _Pipeline(k, m, recompute, keep_prob=0.75)
+    self._CheckAgainstReferences(pipe, m, _Grads)
 
   def testEagerMatchesFunction(self):
     pipe = _Pipeline(2, 4, 'always', keep_prob=0.75)
