@@ -1,0 +1,161 @@
+"""Base params classes of image classifiers trained with GPipe (unregistered).
+
+A registered model subclasses `ResNetBase` or `AmoebaNetBase` and sets
+class attributes (Lingvo's habit): sizes, dataset, pipeline and training.
+To change a size, subclass it in your own module and train that
+(`--model=my_models.Smaller`):
+
+  class Smaller(cifar10.AmoebaNetD_GPipe):
+    NUM_CELLS = 6
+    FILTERS = 64
+
+Everything else (batch size, M, learning rate, steps, data_dir) can also be
+overridden on the returned params (`--model_params_override`), except the
+network's sizes and its number of partitions K, which are baked into the
+partitioned layer list.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import tensorflow as tf
+
+from lingvo_pipe.core import hyperparams
+from lingvo_pipe.core import lr_schedule
+from lingvo_pipe.core import optimizer
+from lingvo_pipe.core.nested_map import NestedMap
+from lingvo_pipe.tasks.image import amoebanet
+from lingvo_pipe.tasks.image import input_generator
+from lingvo_pipe.tasks.image import model
+from lingvo_pipe.tasks.image import resnet
+
+
+class ImageClassifierBase:
+  """Inputs, task and pipeline of an ImageClassifier; Network() per model."""
+
+  # Data.
+  DATASET = 'cifar10'
+  DATA_DIR: Optional[str] = None
+  TRAIN_SPLIT = 'train'
+  EVAL_SPLIT = 'test'
+  NUM_CLASSES = 10
+  IMAGE_SIZE = 32
+  NUM_CHANNELS = 3
+  RANDOM_CROP_PADDING = 0
+  RANDOM_FLIP = False
+  SHUFFLE_BUFFER_SIZE = 10000
+  INPUT_SEED = 1
+  # Pipeline.
+  BATCH_SIZE = 128
+  EVAL_BATCH_SIZE = 100
+  NUM_PARTITIONS = 2
+  NUM_MICRO_BATCHES = 4
+  RECOMPUTE = 'always'
+  # Moving-average decay of every BatchNorm: 0.9 suits short runs.
+  BN_DECAY = 0.99
+  # Training.
+  NETWORK_INPUT = 'image'
+  LABEL_SMOOTHING = 0.0
+  LEARNING_RATE = 1e-3
+  MAX_STEPS = 1000
+  WEIGHT_DECAY = 0.0
+  CLIP_GRADIENT_NORM = 0.0
+  EVAL_INTERVAL_STEPS = 1000
+  EVAL_STEPS = 10
+
+  def Network(self) -> List[hyperparams.Params]:
+    """The network as a flat list of uniquely named layer params."""
+    raise NotImplementedError(f'{type(self).__name__} must define Network().')
+
+  def Optimizer(self) -> hyperparams.Params:
+    return optimizer.Adam.Params()
+
+  def LearningRateSchedule(self) -> hyperparams.Params:
+    return lr_schedule.Constant.Params()
+
+  def _Input(self, split: str, batch_size: int,
+             train: bool) -> hyperparams.Params:
+    return input_generator.ImageClassificationInput.Params().Set(
+        name=f'{split}_input', dataset_name=self.DATASET, split=split,
+        data_dir=self.DATA_DIR, batch_size=batch_size,
+        image_size=self.IMAGE_SIZE, num_classes=self.NUM_CLASSES,
+        repeat=train, shuffle_buffer_size=self.SHUFFLE_BUFFER_SIZE if train
+        else 0, seed=self.INPUT_SEED,
+        random_crop_padding=self.RANDOM_CROP_PADDING if train else 0,
+        random_flip=self.RANDOM_FLIP and train)
+
+  def Train(self) -> hyperparams.Params:
+    return self._Input(self.TRAIN_SPLIT, self.BATCH_SIZE, train=True)
+
+  def Dev(self) -> hyperparams.Params:
+    return self._Input(self.EVAL_SPLIT, self.EVAL_BATCH_SIZE, train=False)
+
+  def MicroBatchInputShapes(self) -> Any:
+    """Shapes of the network input for one training micro-batch."""
+    m = self.NUM_MICRO_BATCHES
+    for key in ('BATCH_SIZE', 'EVAL_BATCH_SIZE'):
+      if getattr(self, key) % m:
+        raise ValueError(
+            f'{type(self).__name__}: {key}={getattr(self, key)} does not '
+            f'split into NUM_MICRO_BATCHES={m}; use a multiple of {m}.')
+    b = self.BATCH_SIZE // m
+    image = tf.TensorShape([b, self.IMAGE_SIZE, self.IMAGE_SIZE,
+                            self.NUM_CHANNELS])
+    if self.NETWORK_INPUT == 'image':
+      return image
+    return NestedMap(image=image, example_keys=tf.TensorShape([b]))
+
+  def Task(self) -> hyperparams.Params:
+    p = model.ImageClassifier.Params()
+    p.network = model.GPipeNetworkParams(
+        self.Network(), self.NUM_PARTITIONS, self.NUM_MICRO_BATCHES,
+        self.MicroBatchInputShapes(), recompute=self.RECOMPUTE)
+    p.network_input = self.NETWORK_INPUT
+    p.num_classes = self.NUM_CLASSES
+    p.label_smoothing = self.LABEL_SMOOTHING
+    tp = p.train
+    tp.optimizer = self.Optimizer()
+    tp.learning_rate = self.LEARNING_RATE
+    tp.lr_schedule = self.LearningRateSchedule()
+    tp.weight_decay = self.WEIGHT_DECAY
+    tp.clip_gradient_norm_to_value = self.CLIP_GRADIENT_NORM
+    tp.max_steps = self.MAX_STEPS
+    tp.eval_interval_steps = self.EVAL_INTERVAL_STEPS
+    tp.save_interval_steps = self.EVAL_INTERVAL_STEPS
+    tp.summary_interval_steps = min(100, self.EVAL_INTERVAL_STEPS)
+    tp.eval_steps = self.EVAL_STEPS
+    return p
+
+
+class ResNetBase(ImageClassifierBase):
+  """A CIFAR-style ResNet (resnet.ResNet) with basic blocks."""
+
+  NUM_BLOCKS = (3, 3, 3)
+  WIDTHS = (16, 32, 64)
+
+  def Network(self) -> List[hyperparams.Params]:
+    return resnet.ResNet(self.NUM_BLOCKS, self.WIDTHS, self.NUM_CLASSES,
+                         input_channels=self.NUM_CHANNELS,
+                         bn_decay=self.BN_DECAY)
+
+
+class AmoebaNetBase(ImageClassifierBase):
+  """AmoebaNet-D (L, D) = (NUM_CELLS, FILTERS) (amoebanet.AmoebaNetD)."""
+
+  NETWORK_INPUT = 'image_and_keys'  # the head's dropout reads the keys
+  NUM_CELLS = 6
+  FILTERS = 32
+  KEEP_PROB = 1.0
+  NUM_STEM_REDUCTION_CELLS = 0
+  STEM_STRIDE = 1
+  NORMAL_CELL = amoebanet.NORMAL_CELL
+  REDUCTION_CELL = amoebanet.REDUCTION_CELL
+
+  def Network(self) -> List[hyperparams.Params]:
+    return amoebanet.AmoebaNetD(
+        self.NUM_CELLS, self.FILTERS, self.NUM_CLASSES,
+        input_channels=self.NUM_CHANNELS, keep_prob=self.KEEP_PROB,
+        num_stem_reduction_cells=self.NUM_STEM_REDUCTION_CELLS,
+        stem_stride=self.STEM_STRIDE, normal_cell=self.NORMAL_CELL,
+        reduction_cell=self.REDUCTION_CELL, bn_decay=self.BN_DECAY)

@@ -1,0 +1,53 @@
+"""Every registered image model's full-size params build and are consistent.
+
+tiny_models_test.py trains a tiny version of each for one step.
+"""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from lingvo_pipe.core import devices
+
+devices.SplitCpu(4)
+
+from lingvo_pipe.core import base_model  # noqa: E402
+from lingvo_pipe.core import gpipe  # noqa: E402
+from lingvo_pipe.core import model_registry  # noqa: E402
+from lingvo_pipe.tasks.image import model  # noqa: E402
+
+KEYS = ('image.cifar10.AmoebaNetD_GPipe', 'image.cifar10.ResNet_GPipe',
+        'image.synthetic.AmoebaNetTinyGPipe',
+        'image.synthetic.ResNetTinyGPipe')
+
+
+class RegisteredImageModelsTest(parameterized.TestCase):
+
+  def testEveryImageModelIsTested(self):
+    self.assertEqual(list(KEYS), [k for k in model_registry.ModelNames()
+                                  if k.startswith('image.')])
+
+  @parameterized.parameters(*KEYS)
+  def testFullSizeParams(self, key):
+    p = model_registry.GetParams(key)
+    cls = model_registry.GetClass(key)
+    self.assertIs(p.task.cls, model.ImageClassifier)
+    self.assertIs(p.task.network.cls, gpipe.PipeliningLayer)
+    self.assertGreaterEqual(cls.NUM_PARTITIONS, 2)
+    self.assertEqual(cls.NUM_PARTITIONS, base_model.NumDevicesNeeded(p.task))
+    m = p.task.network.num_micro_batches
+    self.assertEqual(cls.NUM_MICRO_BATCHES, m)
+    self.assertEqual(0, p.train_input.batch_size % m)
+    self.assertEqual(0, p.dev_input.batch_size % m)
+    self.assertTrue(p.train_input.repeat)
+    self.assertFalse(p.dev_input.repeat)
+    self.assertEqual(p.task.num_classes, p.train_input.num_classes)
+    names = [sub.name for cell in p.task.network.cell_tpl
+             for sub in cell.sub]
+    self.assertEqual('stem', names[0])
+    self.assertIn(names[-1], ('logits', 'head'))
+    # Params text round-trips (the trainer writes it to params.txt).
+    self.assertEqual(p.ToText(), p.Copy().FromText(p.ToText()).ToText())
+
+
+if __name__ == '__main__':
+  absltest.main()

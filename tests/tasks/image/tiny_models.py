@@ -1,0 +1,71 @@
+"""Tiny versions of the registered image models, and a one-step test.
+
+A tiny version is a subclass of the registered class with small sizes (the
+way users change sizes, see params/image/classifier_base.py), still split
+into K=2 partitions and M=2 micro-batches; everything else (optimizer,
+schedule, inputs, pipeline) is the registered model's. AmoebaNets also get
+cells of one combination each, to keep tracing short (their real cells are
+checked in amoebanet_test and model_test). Inputs read
+`tfds.testing.mock_data`: random images of the dataset's shapes, so this
+checks the wiring, not the learning (training_test does).
+
+The test files (tiny_*_test.py) call devices.SplitCpu(4) before importing
+this module.
+"""
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from lingvo_pipe.core import base_model
+from lingvo_pipe.core import model_registry
+
+TINY = dict(
+    NUM_BLOCKS=(1, 1), WIDTHS=(4, 8),  # ResNets
+    NUM_CELLS=3, FILTERS=2,  # AmoebaNets
+    NORMAL_CELL=((('sep_conv_3x3', 0), ('identity', 1)),),
+    REDUCTION_CELL=((('max_pool_3x3', 0), ('conv_1x7_7x1', 1)),),
+    IMAGE_SIZE=8, BATCH_SIZE=4, EVAL_BATCH_SIZE=4, NUM_PARTITIONS=2,
+    NUM_MICRO_BATCHES=2, MAX_STEPS=10, SHUFFLE_BUFFER_SIZE=4)
+
+
+def Tiny(key: str, data_dir: str) -> Any:
+  """An instance of the registered class with TINY's sizes and data_dir."""
+  cls = model_registry.GetClass(key)
+  attrs = {k: v for k, v in TINY.items() if hasattr(cls, k)}
+  attrs['DATA_DIR'] = data_dir
+  return type(f'Tiny{cls.__name__}', (cls,), attrs)()
+
+
+class OneStepTestMixin:
+  """testOneTrainStep(key) for a tf.test.TestCase."""
+
+  def CheckOneTrainStep(self, key: str) -> None:
+    tiny = Tiny(key, self.create_tempdir().full_path)
+    task_p = tiny.Task().Set(name='task')
+    self.assertEqual(2, base_model.NumDevicesNeeded(task_p))
+    task = task_p.Instantiate()
+    with tfds.testing.mock_data(num_examples=8):
+      train_batch = next(iter(tiny.Train().Instantiate().GetDataset()))
+      dev_batch = next(iter(tiny.Dev().Instantiate().GetDataset()))
+    self.assertEqual([4, 8, 8, 3], train_batch.image.shape.as_list())
+    task.CreateTrainState()
+    before = {k: v.numpy() for k, v in task.VariablesByPath().items()}
+    out = tf.function(task.TrainStep, autograph=False)(train_batch)
+    self.assertTrue(out.is_finite.numpy())
+    self.assertTrue(np.isfinite(out.loss.numpy()))
+    self.assertEqual(1, out.global_step.numpy())
+    changed = {k for k, v in task.VariablesByPath().items()
+               if not np.array_equal(before[k], v.numpy())}
+    # Both partitions learnt, and BatchNorm statistics moved.
+    self.assertTrue(any('/cell_0/stem/' in k for k in changed))
+    self.assertTrue(any('/cell_1/' in k and k.endswith('/w')
+                        for k in changed))
+    self.assertTrue(any(k.endswith('/moving_mean') for k in changed))
+    metrics = tf.function(task.EvalStep, autograph=False)(dev_batch)
+    self.assertEqual(['accuracy', 'loss', 'top5_accuracy'], sorted(metrics))
+    self.assertTrue(np.isfinite(metrics.loss[0].numpy()))
+    decoded = task.DecodeStep(dev_batch)
+    self.assertEqual([4], decoded.predicted.shape.as_list())
