@@ -163,7 +163,22 @@ class BaseInputGenerator:
   def _LoadExamples(self) -> tf.data.Dataset:
     """The examples of p.split, before take/shuffle/repeat (dicts)."""
     p = self._params
-    return self._LoadSplit(p.split, shuffle_files=p.shuffle_buffer_size > 0)
+    dataset = self._LoadSplit(p.split, shuffle_files=p.shuffle_buffer_size > 0)
+    self._CheckFeatures(self.DatasetInfo().features)
+    return dataset
+
+  def _CheckFeatures(self, features: Any) -> None:
+    """Raises if the dataset lacks what Preprocess reads; default: nothing."""
+    del features  # Unused.
+
+  def _RequireFeatures(self, features: Any, *param_names: str) -> None:
+    """Fails unless each p.<name>'s value is a feature of the dataset."""
+    p = self._params
+    for name in param_names:
+      key = p.Get(name)
+      if key not in features:
+        self._Fail(f'dataset {p.dataset_name!r} has no feature {key!r} '
+                   f'(features: {sorted(features.keys())}); set p.{name}.')
 
   def DatasetInfo(self) -> Optional[tfds.core.DatasetInfo]:
     """TFDS's info of the dataset (features, splits); loads it if needed.

@@ -69,18 +69,9 @@ class ImageClassificationInput(base_input_generator.BaseInputGenerator):
       self._Fail(f'p.normalization_std is {p.normalization_std!r}; set '
                  'positive values.')
 
-  def _LoadExamples(self) -> tf.data.Dataset:
-    dataset = super()._LoadExamples()
-    self._CheckFeatures(self.DatasetInfo().features)
-    return dataset
-
   def _CheckFeatures(self, features: Any) -> None:
     p = self.params
-    for key in (p.image_key, p.label_key):
-      if key not in features:
-        self._Fail(f'dataset {p.dataset_name!r} has no feature {key!r} '
-                   f'(features: {sorted(features.keys())}); set '
-                   'p.image_key / p.label_key.')
+    self._RequireFeatures(features, 'image_key', 'label_key')
     label = features[p.label_key]
     if isinstance(label, tfds.features.ClassLabel) and (
         label.num_classes != p.num_classes):

@@ -120,18 +120,8 @@ class MTInput(base_input_generator.BaseInputGenerator):
       yield example[p.source_key]
       yield example[p.target_key]
 
-  def _LoadExamples(self) -> tf.data.Dataset:
-    dataset = super()._LoadExamples()
-    self._CheckFeatures(self.DatasetInfo().features)
-    return dataset
-
   def _CheckFeatures(self, features: Any) -> None:
-    p = self.params
-    for key in (p.source_key, p.target_key):
-      if key not in features:
-        self._Fail(f'dataset {p.dataset_name!r} has no feature {key!r} '
-                   f'(features: {sorted(features.keys())}); set '
-                   'p.source_key / p.target_key.')
+    self._RequireFeatures(features, 'source_key', 'target_key')
 
   def GetDataset(self) -> tf.data.Dataset:
     _ = self.tokenizer  # Build or load it outside of tf.data's tracing.
