@@ -65,7 +65,6 @@ class PipelineRun:
     self._axis = layer.params.batch_dim
     self._k = len(self._cells)
     self._m = num_micro_batches
-    self._in_structure = in_structure
     self._thetas = thetas
     self._out_structure = None
     # Per (k, m): the partition's input leaves, and its tape when kept.
@@ -94,7 +93,7 @@ class PipelineRun:
       outputs = self._Forward(xs, flat_thetas)
 
       def Grad(*dys):
-        return self._Backward(list(dys), xs, flat_thetas)
+        return self._Backward(list(dys), flat_thetas)
 
       return outputs, Grad
 
@@ -189,7 +188,7 @@ class PipelineRun:
 
   # ---- backward --------------------------------------------------------
 
-  def _Backward(self, dys: List[Optional[tf.Tensor]], xs: List[tf.Tensor],
+  def _Backward(self, dys: List[Optional[tf.Tensor]],
                 thetas: List[List[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
     last = self._devices[-1]
     with tf.device(last):
