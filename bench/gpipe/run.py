@@ -1,0 +1,298 @@
+"""GPipe benchmark: step time and peak memory of PipeliningLayer.
+
+  .venv/bin/python bench/gpipe/run.py [--what=time,memory]
+      [--steps=10] [--warmup=2] [--lingvo_python=/tmp/lingvo_venv/bin/python]
+
+Step time (one process, 2 logical CPUs): every configuration of
+`stack.py` is built and traced, warmed up `--warmup` steps, then timed in
+`--steps` interleaved rounds (each round runs every configuration once,
+starting one further along each time), so a change of machine load hits
+all of them alike. Reported: median and min seconds per step, and
+median / median of the unpipelined model. The two logical CPUs share the
+process's thread pools on a 2-core machine: this measures overhead, not
+speed-up.
+
+Peak memory (K=2, M in 1, 2, 4, 8, recompute 'always' and 'never'): one
+subprocess per configuration (`memory.py`, which explains the method).
+
+Lingvo 0.14.2 (optional, --lingvo_python): `lingvo_step.py` in that
+Python, one subprocess per configuration, after our timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+import stack as stack_lib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+Setup = stack_lib.Setup
+
+# Lingvo 0.14.2 on the default stack, idle machine (NOTES.md): s/step.
+LINGVO_NOTES = {'unpipelined': 2.38, 'K=2 M=8': 11.25, 'K=1 M=8': 12.98,
+                'K=2 M=1': 2.58}
+# The issue's targets, as a multiple of the unpipelined step.
+TARGETS = {'K=2 M=8 never': 1.2, 'K=2 M=8 always': 1.5}
+
+
+def TimeSetups() -> List[Setup]:
+  # K=1 has only a last partition: 'except_last' is 'never' there.
+  return [
+      Setup('plain'),
+      Setup('loop', m=8),
+      Setup('pipe', 1, 8, 'always'), Setup('pipe', 1, 8, 'never'),
+      Setup('pipe', 2, 1, 'always'), Setup('pipe', 2, 1, 'never'),
+      Setup('pipe', 2, 8, 'always'), Setup('pipe', 2, 8, 'except_last'),
+      Setup('pipe', 2, 8, 'never'),
+  ]
+
+
+def _Quiet() -> None:
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+
+# ---- step time -------------------------------------------------------------
+
+
+def MeasureTimes(stack: stack_lib.Stack, setups: Sequence[Setup],
+                 warmup: int, steps: int) -> Dict[str, dict]:
+  """label -> {times, cpu, trace, first}: seconds (module docstring).
+
+  `times` are wall-clock seconds per step, `cpu` the CPU seconds the
+  process used in that step (all threads).
+  """
+  _Quiet()
+  from lingvo_pipe.core import devices  # pylint: disable=g-import-not-at-top
+  devs = devices.SplitCpu(2)
+  inputs = stack_lib.Inputs(stack)
+  fns, out = {}, {}
+  for setup in setups:
+    layer = stack_lib.BuildModel(stack, setup, devs)
+    fn = stack_lib.StepFunction(layer, setup, devs[0])
+    start = time.perf_counter()
+    fn.get_concrete_function(inputs)
+    traced = time.perf_counter()
+    fn(inputs)[0].numpy()
+    first = time.perf_counter()
+    for _ in range(warmup - 1):
+      fn(inputs)[0].numpy()
+    out[setup.label] = {'trace': traced - start, 'first': first - traced,
+                        'times': [], 'cpu': []}
+    fns[setup.label] = fn
+    print(f'  {setup.label}: traced in {traced - start:.1f} s, first step '
+          f'{first - traced:.1f} s', flush=True)
+  labels = list(fns)
+  for r in range(steps):
+    for i in range(len(labels)):
+      label = labels[(r + i) % len(labels)]
+      start, cpu = time.perf_counter(), time.process_time()
+      fns[label](inputs)[0].numpy()
+      out[label]['times'].append(time.perf_counter() - start)
+      out[label]['cpu'].append(time.process_time() - cpu)
+  return out
+
+
+def _Ratio(value: Optional[float], base: Optional[float]) -> str:
+  return '-' if value is None or not base else f'{value / base:.2f}x'
+
+
+def TimeTable(stack: stack_lib.Stack, results: Dict[str, dict],
+              steps: int) -> str:
+  base = statistics.median(results['unpipelined']['times'])
+  base_times = results['unpipelined']['times']
+  base_cpu = statistics.median(results['unpipelined']['cpu'])
+  head = (f'{"configuration":<20} {"median s":>8} {"min s":>5} '
+          f'{"ratio":>5} {"paired":>6} {"target":>10} {"cpu s":>5} '
+          f'{"cpu ratio":>9} {"trace s":>7} {"1st s":>5}')
+  lines = [f'Step time: {stack.Describe()}.',
+           f'{steps} interleaved steps each; wall-clock seconds. ratio = '
+           'median / median of unpipelined;',
+           'paired = median over rounds of (step / unpipelined step of '
+           'the same round); cpu s = median',
+           'CPU seconds of the process per step (all threads), cpu ratio '
+           'likewise. 2 logical CPUs in one',
+           f'process on {os.cpu_count()} cores share its threads: this '
+           'measures overhead, not speed-up. trace s:',
+           'tracing; 1st s: first call (graph optimisation, kernels, one '
+           'step).', '', head, '-' * len(head)]
+  for label, r in results.items():
+    med, cpu = statistics.median(r['times']), statistics.median(r['cpu'])
+    paired = statistics.median(t / b for t, b in zip(r['times'], base_times))
+    target = TARGETS.get(label)
+    verdict = ''
+    if target is not None:
+      verdict = f'<={target} ' + ('ok' if med / base <= target else 'MISS')
+    lines.append(f'{label:<20} {med:>8.2f} {min(r["times"]):>5.2f} '
+                 f'{med / base:>4.2f}x {paired:>5.2f}x {verdict:>10} '
+                 f'{cpu:>5.2f} {cpu / base_cpu:>8.2f}x {r["trace"]:>7.1f} '
+                 f'{r["first"]:>5.1f}')
+  return '\n'.join(lines)
+
+
+# ---- Lingvo ----------------------------------------------------------------
+
+
+def MeasureLingvo(python: str, stack: stack_lib.Stack, warmup: int,
+                  steps: int) -> Dict[str, List[float]]:
+  """'unpipelined' / 'K=k M=m' -> Lingvo's seconds per step."""
+  out = {}
+  for label, config in (('unpipelined', 'seq'), ('K=2 M=1', '2,1'),
+                        ('K=2 M=8', '2,8'), ('K=1 M=8', '1,8')):
+    args = [python, os.path.join(HERE, 'lingvo_step.py'),
+            f'--config={config}', f'--steps={steps}', f'--warmup={warmup}']
+    args += [f'--{k}={v}' for k, v in vars(stack).items()]
+    print(f'  Lingvo {label} ...', flush=True)
+    done = subprocess.run(args, capture_output=True, text=True, check=False,
+                          cwd='/tmp', env=dict(os.environ, PYTHONPATH=''))
+    if done.returncode:
+      raise RuntimeError(f'Lingvo {label} failed:\n{done.stderr[-3000:]}')
+    out[label] = json.loads(done.stdout.strip().splitlines()[-1])['times']
+  return out
+
+
+def LingvoTable(stack: stack_lib.Stack, ours: Dict[str, dict],
+                lingvo: Optional[Dict[str, List[float]]]) -> str:
+  """Ratios to each library's own unpipelined step, side by side."""
+  default_stack = stack == stack_lib.Stack()
+  med = {k: statistics.median(v['times']) for k, v in ours.items()}
+  lmed = {k: statistics.median(v) for k, v in (lingvo or {}).items()}
+  head = (f'{"configuration":<12} {"ours always":>12} {"ours never":>11} '
+          f'{"Lingvo here":>16} {"Lingvo NOTES.md":>16}')
+  lines = ['Against Lingvo 0.14.2 (TF1 graph mode, re-computes like '
+           "'always'); each ratio is to that", "library's own unpipelined "
+           'step. "Lingvo NOTES.md" is quoted from NOTES.md (same stack,',
+           'same machine type, idle, not this run); "Lingvo here" ran in '
+           'subprocesses of this run,', 'after our timings.', '', head,
+           '-' * len(head)]
+  for key in LINGVO_NOTES:
+    always = med.get(f'{key} always', med.get(key))
+    never = med.get(f'{key} never', med.get(key))
+    here = '-'
+    if key in lmed:
+      here = f'{_Ratio(lmed[key], lmed["unpipelined"])} ({lmed[key]:.2f} s)'
+    notes = LINGVO_NOTES[key]
+    quoted = (f'{_Ratio(notes, LINGVO_NOTES["unpipelined"])} '
+              f'({notes:.2f} s)' if default_stack else 'other stack')
+    lines.append(f'{key:<12} {_Ratio(always, med["unpipelined"]):>12} '
+                 f'{_Ratio(never, med["unpipelined"]):>11} {here:>16} '
+                 f'{quoted:>16}')
+  return '\n'.join(lines)
+
+
+# ---- memory ----------------------------------------------------------------
+
+
+def _MemoryChild(setup: Setup, stack: stack_lib.Stack,
+                 steps: int) -> subprocess.Popen:
+  env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072',
+             TF_ENABLE_ONEDNN_OPTS='0', TF_CPP_MIN_LOG_LEVEL='2')
+  args = [sys.executable, os.path.join(HERE, 'memory.py'),
+          f'--setup={setup.ToText()}', f'--steps={steps}',
+          f'--stack={json.dumps(vars(stack))}']
+  return subprocess.Popen(args, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env)
+
+
+def MeasureMemory(stack: stack_lib.Stack, ms: Sequence[int],
+                  steps: int, jobs: int) -> Dict[str, dict]:
+  """label -> memory.py's figures; `jobs` children at a time."""
+  setups = [Setup('pipe', 2, m, mode) for mode in ('always', 'never')
+            for m in ms]
+  out, running = {}, []
+  while setups or running:
+    while setups and len(running) < jobs:
+      setup = setups.pop(0)
+      running.append((setup, _MemoryChild(setup, stack, steps)))
+    setup, child = running.pop(0)
+    stdout, stderr = child.communicate()
+    if child.returncode:
+      raise RuntimeError(f'memory.py {setup.label} failed:\n{stderr[-3000:]}')
+    out[setup.label] = json.loads(stdout.strip().splitlines()[-1])
+    print(f'  {setup.label}: {out[setup.label]}', flush=True)
+  return out
+
+
+def MemoryTable(stack: stack_lib.Stack, results: Dict[str, dict]) -> str:
+  head = (f'{"configuration":<18} {"activation MiB":>14} '
+          f'{"step peak":>9} {"base":>6} {"lifetime":>9}')
+  lines = [f'Peak memory: {stack.Describe()}; K=2.',
+           'activation = peak RSS during steps - RSS after tracing and one '
+           'warm-up step;', 'lifetime = peak RSS of the process - RSS after '
+           'building (NOTES.md method). MiB.', '', head, '-' * len(head)]
+  for label, r in results.items():
+    lines.append(f'{label:<18} {r["activation"]:>14.0f} '
+                 f'{r["step_peak"]:>9.0f} {r["base"]:>6.0f} '
+                 f'{r["lifetime"]:>9.0f}')
+  for mode in ('always', 'never'):
+    acts = [r['activation'] for label, r in results.items()
+            if label.endswith(mode)]
+    falls = all(round(a) > round(b) for a, b in zip(acts, acts[1:]))
+    lines.append(f"'{mode}': activation memory "
+                 f'{"falls" if falls else "does NOT fall"} at every '
+                 f'step of M ({" > ".join(f"{a:.0f}" for a in acts)}).')
+  return '\n'.join(lines)
+
+
+# ---- main ------------------------------------------------------------------
+
+
+def _Args(argv: Sequence[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--what', default='time,memory',
+                      help='Comma-separated: time, memory.')
+  parser.add_argument('--steps', type=int, default=10,
+                      help='Timed steps per configuration.')
+  parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--memory_steps', type=int, default=1,
+                      help='Steps after the warm-up in each memory run.')
+  parser.add_argument('--memory_jobs', type=int, default=2,
+                      help='Memory subprocesses run at a time.')
+  parser.add_argument('--memory_ms', default='1,2,4,8')
+  parser.add_argument('--lingvo_python', default=None,
+                      help='A Python with lingvo==0.14.2 (own venv).')
+  parser.add_argument('--lingvo_steps', type=int, default=3)
+  parser.add_argument('--json_out', default=None,
+                      help='Also write every raw measurement here.')
+  for field in stack_lib.Stack.__dataclass_fields__:
+    parser.add_argument(f'--{field}', type=int,
+                        default=getattr(stack_lib.Stack, field))
+  return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str]) -> None:
+  args = _Args(argv)
+  what = set(args.what.split(','))
+  stack = stack_lib.Stack(**{f: getattr(args, f)
+                             for f in stack_lib.Stack.__dataclass_fields__})
+  start = time.time()
+  print(f'load average at start: {os.getloadavg()}', flush=True)
+  tables, raw = [], {'stack': vars(stack)}
+  if 'memory' in what:  # first: its parent must not yet hold big models
+    ms = [int(m) for m in args.memory_ms.split(',')]
+    raw['memory'] = MeasureMemory(stack, ms, args.memory_steps,
+                                  args.memory_jobs)
+    tables.append(MemoryTable(stack, raw['memory']))
+  if 'time' in what:
+    raw['time'] = MeasureTimes(stack, TimeSetups(), args.warmup, args.steps)
+    tables.append(TimeTable(stack, raw['time'], args.steps))
+    if args.lingvo_python:
+      raw['lingvo'] = MeasureLingvo(args.lingvo_python, stack, args.warmup,
+                                    args.lingvo_steps)
+    tables.append(LingvoTable(stack, raw['time'], raw.get('lingvo')))
+  if args.json_out:
+    with open(args.json_out, 'w') as f:
+      json.dump(raw, f, indent=1)
+  print(f'\nload average at end: {os.getloadavg()}; '
+        f'{time.time() - start:.0f} s in all.\n')
+  print('\n\n'.join(tables))
+
+
+if __name__ == '__main__':
+  main(sys.argv[1:])

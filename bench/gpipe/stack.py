@@ -1,0 +1,140 @@
+"""The benchmarked model: a Transformer encoder stack, plain or pipelined.
+
+A configuration (`Setup`) is one way to run the same L layers:
+
+  kind        what runs                                         devices
+  'plain'     SequentialLayer of the L layers, whole batch      CPU:0
+  'loop'      the same SequentialLayer on M micro-batches in    CPU:0
+              a Python loop, one tape (micro-batching in plain
+              TF, no pipeline)
+  'pipe'      PipeliningLayer, K cells of L/K layers, M         CPU:0..K-1
+              micro-batches, one recompute mode
+
+Every model is named 'model' with layers 'layer0' .. 'layer{L-1}', so all
+of them start from the same weights (seed paths do not depend on K).
+
+One training step (`StepFunction`) is a `tf.function(autograph=False)`:
+forward, loss = mean(vec ** 2), and the gradient of every variable; it
+returns the loss and the gradients (no update, so every step does the same
+work on the same weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Optional, Tuple
+
+import tensorflow as tf
+
+from lingvo_pipe.core import base_layer
+from lingvo_pipe.core import gpipe
+from lingvo_pipe.core import hyperparams
+from lingvo_pipe.core import layers
+from lingvo_pipe.core import transformer_layers
+from lingvo_pipe.core.nested_map import NestedMap
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+  """Shape of the model and of its input batch."""
+  num_layers: int = 8
+  model_dim: int = 256
+  hidden_dim: int = 1024
+  num_heads: int = 4
+  seq_len: int = 64
+  batch: int = 32
+
+  def Describe(self) -> str:
+    return (f'{self.num_layers} TransformerEncoderLayers, d={self.model_dim}, '
+            f'ff={self.hidden_dim}, {self.num_heads} heads, seq '
+            f'{self.seq_len}, batch {self.batch}, float32, dropout 0')
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """One way to run the stack (module docstring)."""
+  kind: str  # 'plain', 'loop' or 'pipe'
+  k: int = 1
+  m: int = 1
+  recompute: Optional[str] = None
+
+  @property
+  def label(self) -> str:
+    if self.kind == 'plain':
+      return 'unpipelined'
+    if self.kind == 'loop':
+      return f'plain loop M={self.m}'
+    return f'K={self.k} M={self.m} {self.recompute}'
+
+  def ToText(self) -> str:
+    return f'{self.kind},{self.k},{self.m},{self.recompute or ""}'
+
+  @classmethod
+  def FromText(cls, text: str) -> 'Setup':
+    kind, k, m, recompute = text.split(',')
+    return cls(kind, int(k), int(m), recompute or None)
+
+
+def _LayerParams(stack: Stack) -> List[hyperparams.Params]:
+  return [transformer_layers.TransformerEncoderLayer.Params().Set(
+      name=f'layer{i}', model_dim=stack.model_dim,
+      hidden_dim=stack.hidden_dim, num_heads=stack.num_heads)
+          for i in range(stack.num_layers)]
+
+
+def BuildModel(stack: Stack, setup: Setup,
+               devices: List[str]) -> base_layer.BaseLayer:
+  """The layer of `setup`, variables on their devices."""
+  layer_ps = _LayerParams(stack)
+  if setup.kind in ('plain', 'loop'):
+    with tf.device(devices[0]):
+      return layers.SequentialLayer.Params().Set(
+          name='model', sub=layer_ps).Instantiate()
+  if stack.num_layers % setup.k:
+    raise ValueError(f'{stack.num_layers} layers do not split into '
+                     f'K={setup.k} equal partitions; change K.')
+  n = stack.num_layers // setup.k
+  cells = [layers.SequentialLayer.Params().Set(sub=layer_ps[i:i + n])
+           for i in range(0, stack.num_layers, n)]
+  return gpipe.PipeliningLayer.Params().Set(
+      name='model', cell_tpl=cells, num_micro_batches=setup.m,
+      recompute=setup.recompute, devices=devices[:setup.k]).Instantiate()
+
+
+def Inputs(stack: Stack) -> NestedMap:
+  """A fixed random batch: vec [b, t, d] ~ N(0, 1), no padding."""
+  shape = [stack.batch, stack.seq_len, stack.model_dim]
+  return NestedMap(vec=tf.random.stateless_normal(shape, [1, 2]),
+                   paddings=tf.zeros(shape[:2]))
+
+
+def _Forward(layer: base_layer.BaseLayer, setup: Setup,
+             inputs: NestedMap) -> tf.Tensor:
+  if setup.kind != 'loop':
+    return layer.FPropDefaultTheta(inputs).vec
+  keys = sorted(inputs)
+  parts = zip(*[tf.split(inputs[key], setup.m) for key in keys])
+  outs = [layer.FPropDefaultTheta(NestedMap(zip(keys, part))).vec
+          for part in parts]
+  return tf.concat(outs, 0)
+
+
+StepFn = Callable[[NestedMap], Tuple[tf.Tensor, List[tf.Tensor]]]
+
+
+def StepFunction(layer: base_layer.BaseLayer, setup: Setup,
+                 device: str) -> StepFn:
+  """tf.function: inputs -> (loss, gradient of every variable)."""
+  variables = layer.vars.Flatten()
+  # The plain models run on one device; the pipeline places its own ops
+  # (the loss then runs where its input is).
+  scope = None if setup.kind == 'pipe' else device
+
+  def Step(inputs: NestedMap) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+    with tf.device(scope):
+      with tf.GradientTape() as tape:
+        vec = _Forward(layer, setup, inputs)
+        loss = tf.reduce_mean(tf.square(vec))
+      return loss, tape.gradient(loss, variables)
+
+  return tf.function(Step, autograph=False)
