@@ -79,18 +79,8 @@ def _CheckDim(layer: base_layer.BaseLayer) -> None:
         'a positive int.')
 
 
-class EncoderDecoderSwitch(base_layer.BaseLayer):
-  """The boundary between the encoder and the decoder in one pipeline.
-
-  FProp(theta, NestedMap(vec [b, s, d], paddings [b, s], tgt_vec [b, t, d],
-                         tgt_paddings [b, t], example_keys [b] optional))
-    -> NestedMap(vec=tgt_vec, paddings=tgt_paddings,
-                 encoder_vec=LN(vec), encoder_paddings=paddings,
-                 example_keys)
-
-  LN is the encoder's final layer norm (pre-LN layers leave their output
-  un-normalised).
-  """
+class _LayerNormStage(base_layer.BaseLayer):
+  """A pipeline stage built around one LayerNorm `ln` over the model dim."""
 
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
@@ -105,6 +95,20 @@ class EncoderDecoderSwitch(base_layer.BaseLayer):
     p = self.params
     self.CreateChild('ln', normalization.LayerNorm.Params().Set(
         input_dim=p.model_dim, epsilon=p.ln_epsilon))
+
+
+class EncoderDecoderSwitch(_LayerNormStage):
+  """The boundary between the encoder and the decoder in one pipeline.
+
+  FProp(theta, NestedMap(vec [b, s, d], paddings [b, s], tgt_vec [b, t, d],
+                         tgt_paddings [b, t], example_keys [b] optional))
+    -> NestedMap(vec=tgt_vec, paddings=tgt_paddings,
+                 encoder_vec=LN(vec), encoder_paddings=paddings,
+                 example_keys)
+
+  LN is the encoder's final layer norm (pre-LN layers leave their output
+  un-normalised).
+  """
 
   def FProp(self, theta: NestedMap, inputs: NestedMap) -> NestedMap:
     for key in ('tgt_vec', 'tgt_paddings'):
@@ -131,26 +135,12 @@ class EncoderDecoderSwitch(base_layer.BaseLayer):
                      out_shapes=(out,))
 
 
-class DecoderOutputLayer(base_layer.BaseLayer):
+class DecoderOutputLayer(_LayerNormStage):
   """The decoder's final layer norm; drops the encoder fields.
 
   FProp(theta, NestedMap(vec [b, t, d], paddings [b, t], ...))
     -> NestedMap(vec=LN(vec), paddings)
   """
-
-  @classmethod
-  def Params(cls) -> hyperparams.InstantiableParams:
-    p = super().Params()
-    p.Define('model_dim', 0, 'Model dimension d.')
-    p.Define('ln_epsilon', 1e-6, 'Layer norm epsilon.')
-    return p
-
-  def __init__(self, params: hyperparams.Params) -> None:
-    super().__init__(params)
-    _CheckDim(self)
-    p = self.params
-    self.CreateChild('ln', normalization.LayerNorm.Params().Set(
-        input_dim=p.model_dim, epsilon=p.ln_epsilon))
 
   def FProp(self, theta: NestedMap, inputs: NestedMap) -> NestedMap:
     return NestedMap(vec=self.ln.FProp(theta.ln, inputs.vec),
