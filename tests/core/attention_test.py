@@ -104,6 +104,40 @@ def _Inputs(b, tq, tk, d, seed=0):
   return q, k, v, paddings
 
 
+class PerExampleMatmulTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(('static', False), ('unknown_dims', True))
+  def testValuesAndGradientsMatchEinsum(self, unknown_dims):
+    x = tf.random.stateless_normal([3, 5, 4], [1, 2], dtype=tf.float64)
+    w = tf.random.stateless_normal([4, 6], [3, 4], dtype=tf.float64)
+    dy = tf.random.stateless_normal([3, 5, 6], [5, 6], dtype=tf.float64)
+
+    def Grads(fn, x, w):
+      with tf.GradientTape() as tape:
+        tape.watch([x, w])
+        y = fn(x, w)
+      return (y,) + tuple(tape.gradient(y, [x, w], output_gradients=dy))
+
+    ours = lambda x, w: Grads(attention.PerExampleMatmul, x, w)
+    if unknown_dims:
+      spec = [tf.TensorSpec([None, None, 4], tf.float64),
+              tf.TensorSpec([None, None], tf.float64)]
+      ours = tf.function(ours, input_signature=spec, autograph=False)
+    want = Grads(lambda x, w: tf.einsum('bti,io->bto', x, w), x, w)
+    for name, a, b in zip(('y', 'dx', 'dw'), want, ours(x, w)):
+      self.assertAllClose(a, b, atol=1e-12, rtol=0, msg=name)
+
+  def testRowsDoNotDependOnTheBatch(self):
+    # At these float64 shapes a flat [b * t, i] matmul does round the
+    # rows of a slice differently from the same rows of the whole batch.
+    x = tf.random.stateless_normal([8, 7, 33], [1, 2], dtype=tf.float64)
+    w = tf.random.stateless_normal([33, 65], [3, 4], dtype=tf.float64)
+    full = attention.PerExampleMatmul(x, w)
+    for lo, hi in ((0, 1), (1, 3), (3, 8)):
+      self.assertAllEqual(full[lo:hi],
+                          attention.PerExampleMatmul(x[lo:hi], w))
+
+
 class MultiHeadAttentionTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
