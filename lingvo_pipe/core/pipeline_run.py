@@ -11,7 +11,8 @@ tensors and every partition's theta tensors:
   backward:  split dy into M (device K-1)
              for each B(k, m) in schedule order:
                on device k, after B(k, m+1):
-                 kept tape, or re-compute cell_k(x[k][m]) under a new tape
+                 kept tape, or (once dy[k][m] is also here) re-compute
+                 cell_k(x[k][m]) under a new tape
                  dx[k][m], dtheta = gradient(y, [x, theta_k], dy[k][m])
                  acc_k = dtheta (m = M-1), else acc_k + dtheta
              concat dx[0][*] (device 0)
@@ -228,7 +229,11 @@ class PipelineRun:
       tape, y = kept
       dy = _After(after, dy)
     else:
-      x = _After(after, x)
+      # Re-compute only once this device's previous backward is done AND
+      # the gradient from partition k+1 is here: otherwise the executor
+      # may re-compute while partition k+1 is still busy and hold this
+      # partition's activations meanwhile.
+      x = _After(list(after) + [d for d in dy if d is not None], x)
       tape = tf.GradientTape(watch_accessed_variables=False)
       with tape, self._cells[k].NoStatUpdates():
         tape.watch([t for t in x + theta_leaves if _IsFloat(t)])

@@ -366,6 +366,18 @@ class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
               'never': {0: True, 1: True}}[recompute]
     self.assertEqual(kept, expect)
 
+  def testRecomputationWaitsForItsGradient(self):
+    """B(0, m) re-computes only after B(1, m) has produced its dy."""
+    graph = self._TrainGraph(_Pipeline(2, 2, 'always'))
+    for m in (0, 1):
+      gates = [op for op in graph.get_operations()
+               if op.name.startswith(f'cell_0/bwd_{m}/after')]
+      self.assertNotEmpty(gates, f'no re-computation gate in B(0, {m})')
+      for gate in gates:
+        deps = [dep.name for dep in gate.control_inputs]
+        self.assertTrue(any(f'cell_1/bwd_{m}/' in d for d in deps),
+                        f'{gate.name} runs before B(1, {m}): {deps}')
+
 
 class ErrorTest(tf.test.TestCase):
 
