@@ -13,7 +13,9 @@ process's thread pools on a 2-core machine: this measures overhead, not
 speed-up.
 
 Peak memory (K=2, M in 1, 2, 4, 8, recompute 'always' and 'never'): one
-subprocess per configuration (`memory.py`, which explains the method).
+subprocess per configuration (`memory.py`, which explains the method),
+the whole process; then per device, each partition on its own TF server
+process (`device_memory.py`).
 
 Lingvo 0.14.2 (optional, --lingvo_python): `lingvo_step.py` in that
 Python, one subprocess per configuration, after our timings.
@@ -219,6 +221,52 @@ def MeasureMemory(stack: stack_lib.Stack, ms: Sequence[int],
   return out
 
 
+def MeasureDeviceMemory(stack: stack_lib.Stack, ms: Sequence[int],
+                        steps: int) -> Dict[str, dict]:
+  """label -> device_memory.py's figures; one configuration at a time."""
+  out = {}
+  for setup in [Setup('pipe', 2, m, mode) for mode in ('always', 'never')
+                for m in ms]:
+    child = subprocess.run(
+        [sys.executable, os.path.join(HERE, 'device_memory.py'),
+         f'--setup={setup.ToText()}', f'--steps={steps}',
+         f'--stack={json.dumps(vars(stack))}'],
+        capture_output=True, text=True, env=dict(os.environ,
+                                                 TF_CPP_MIN_LOG_LEVEL='2'))
+    if child.returncode:
+      raise RuntimeError(
+          f'device_memory.py {setup.label} failed:\n{child.stderr[-3000:]}')
+    out[setup.label] = json.loads(child.stdout.strip().splitlines()[-1])
+    print(f'  {setup.label}: {out[setup.label]}', flush=True)
+  return out
+
+
+def _Falls(label: str, values: List[float]) -> str:
+  falls = all(round(a) > round(b) for a, b in zip(values, values[1:]))
+  return (f'{label} {"falls" if falls else "does NOT fall"} at every step '
+          f'of M ({" > ".join(f"{v:.0f}" for v in values)}).')
+
+
+def DeviceMemoryTable(stack: stack_lib.Stack,
+                      results: Dict[str, dict]) -> str:
+  head = (f'{"configuration":<18} {"task 0 MiB":>10} {"task 1 MiB":>10} '
+          f'{"max":>5} {"base":>6}')
+  lines = [f'Peak memory per device: {stack.Describe()}; K=2, one '
+           'tf.distribute.Server per partition.',
+           'task k = peak RSS of server k during the step - its RSS after '
+           'tracing and one warm-up step. MiB.', '', head, '-' * len(head)]
+  for label, r in results.items():
+    act = r['activation']
+    lines.append(f'{label:<18} {act[0]:>10.0f} {act[1]:>10.0f} '
+                 f'{max(act):>5.0f} {max(r["base"]):>6.0f}')
+  for mode in ('always', 'never'):
+    peaks = [max(r['activation']) for label, r in results.items()
+             if label.endswith(mode)]
+    lines.append(_Falls(f"'{mode}': the worst device's activation memory",
+                        peaks))
+  return '\n'.join(lines)
+
+
 def MemoryTable(stack: stack_lib.Stack, results: Dict[str, dict]) -> str:
   head = (f'{"configuration":<18} {"activation MiB":>14} '
           f'{"step peak":>9} {"base":>6} {"lifetime":>9}')
@@ -233,10 +281,7 @@ def MemoryTable(stack: stack_lib.Stack, results: Dict[str, dict]) -> str:
   for mode in ('always', 'never'):
     acts = [r['activation'] for label, r in results.items()
             if label.endswith(mode)]
-    falls = all(round(a) > round(b) for a, b in zip(acts, acts[1:]))
-    lines.append(f"'{mode}': activation memory "
-                 f'{"falls" if falls else "does NOT fall"} at every '
-                 f'step of M ({" > ".join(f"{a:.0f}" for a in acts)}).')
+    lines.append(_Falls(f"'{mode}': activation memory", acts))
   return '\n'.join(lines)
 
 
@@ -279,6 +324,8 @@ def main(argv: Sequence[str]) -> None:
     raw['memory'] = MeasureMemory(stack, ms, args.memory_steps,
                                   args.memory_jobs)
     tables.append(MemoryTable(stack, raw['memory']))
+    raw['device_memory'] = MeasureDeviceMemory(stack, ms, args.memory_steps)
+    tables.append(DeviceMemoryTable(stack, raw['device_memory']))
   if 'time' in what:
     raw['time'] = MeasureTimes(stack, TimeSetups(), args.warmup, args.steps)
     tables.append(TimeTable(stack, raw['time'], args.steps))

@@ -1,0 +1,118 @@
+"""Peak memory of each partition's device: one TF server process per device.
+
+  python device_memory.py --setup=pipe,2,8,always --stack='{"batch": 32}'
+
+prints one JSON line (MiB). `memory.py` measures the whole process, so
+with two logical CPUs it adds up both devices: when two backward tasks
+run at once (B(1, m) beside B(0, m+1)) their activations add up, which an
+accelerator's memory never sees. Here each partition lives on its own
+`tf.distribute.Server` (`lingvo_pipe.trainer --job=server`, a subprocess
+on 127.0.0.1, the same settings as memory.py: oneDNN off, 128 KiB mmap
+threshold), and this process is the client that traces and runs the step
+(its inputs, loss and returned gradients stay here). Per server:
+
+  base        RSS after tracing and one warm-up step
+  activation  peak RSS during the next `steps` steps - base (the
+              server's high-water mark, reset through its
+              /proc/PID/clear_refs after the warm-up)
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import List
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import stack as stack_lib  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _FreePort() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _StatusKiB(pid: int, field: str) -> int:
+  with open(f'/proc/{pid}/status') as f:
+    for line in f:
+      if line.startswith(field + ':'):
+        return int(line.split()[1])
+  raise RuntimeError(f'/proc/{pid}/status has no {field}.')
+
+
+def _ResetPeak(pid: int) -> None:
+  with open(f'/proc/{pid}/clear_refs', 'w') as f:
+    f.write('5')
+
+
+def _StartServers(spec: str, num: int) -> List[subprocess.Popen]:
+  env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072',
+             TF_ENABLE_ONEDNN_OPTS='0', TF_CPP_MIN_LOG_LEVEL='2',
+             PYTHONPATH=os.pathsep.join(
+                 [REPO, os.environ.get('PYTHONPATH', '')]))
+  servers = [subprocess.Popen(
+      [sys.executable, '-m', 'lingvo_pipe.trainer', '--job=server',
+       f'--cluster_spec={spec}', f'--task_index={task}'],
+      env=env, cwd=REPO, stdout=subprocess.PIPE,
+      stderr=subprocess.DEVNULL, text=True) for task in range(num)]
+  for proc in servers:
+    line = proc.stdout.readline()
+    if not line.startswith('Serving'):
+      raise RuntimeError(f'A server did not start (said {line!r}).')
+  time.sleep(1.0)  # 'Serving' is printed just before the server starts
+  return servers
+
+
+def Measure(stack: stack_lib.Stack, setup: stack_lib.Setup,
+            steps: int) -> dict:
+  """Per server: base and activation MiB (module docstring)."""
+  from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
+  spec = ','.join(f'127.0.0.1:{_FreePort()}' for _ in range(setup.k))
+  servers = _StartServers(f'worker={spec}', setup.k)
+  try:
+    devices = cluster.Connect(cluster.ParseClusterSpec(f'worker={spec}'))
+    layer = stack_lib.BuildModel(stack, setup, devices)
+    inputs = stack_lib.Inputs(stack)
+    step = stack_lib.StepFunction(layer, setup, devices[0])
+    step(inputs)[0].numpy()  # traces, optimises, runs once
+    pids = [proc.pid for proc in servers]
+    base = [_StatusKiB(pid, 'VmRSS') for pid in pids]
+    for pid in pids:
+      _ResetPeak(pid)
+    for _ in range(steps):
+      step(inputs)[0].numpy()
+    peak = [_StatusKiB(pid, 'VmHWM') for pid in pids]
+  finally:
+    for proc in servers:
+      proc.kill()
+      proc.wait()
+  mib = lambda kib: round(kib / 1024, 1)  # noqa: E731
+  return {'setup': setup.ToText(), 'base': [mib(b) for b in base],
+          'activation': [mib(p - b) for p, b in zip(peak, base)]}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--setup', required=True, help='pipe,K,M,recompute')
+  parser.add_argument('--stack', default='{}', help='Stack fields, JSON.')
+  parser.add_argument('--steps', type=int, default=1)
+  args = parser.parse_args()
+  setup = stack_lib.Setup.FromText(args.setup)
+  if setup.kind != 'pipe':
+    raise SystemExit(f'--setup={args.setup}: only pipe setups have one '
+                     'device per partition; write pipe,K,M,recompute.')
+  stack = stack_lib.Stack(**json.loads(args.stack))
+  print(json.dumps(Measure(stack, setup, args.steps)))
+  sys.stdout.flush()
+
+
+if __name__ == '__main__':
+  main()
