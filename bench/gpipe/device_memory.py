@@ -17,7 +17,6 @@ threshold), and this process is the client that traces and runs the step
               /proc/PID/clear_refs after the warm-up)
 """
 
-import argparse
 import json
 import os
 import socket
@@ -100,17 +99,11 @@ def Measure(stack: stack_lib.Stack, setup: stack_lib.Setup,
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--setup', required=True, help='pipe,K,M,recompute')
-  parser.add_argument('--stack', default='{}', help='Stack fields, JSON.')
-  parser.add_argument('--steps', type=int, default=1)
-  args = parser.parse_args()
-  setup = stack_lib.Setup.FromText(args.setup)
+  stack, setup, steps = stack_lib.ChildArgs(__doc__.split('\n')[0], 1)
   if setup.kind != 'pipe':
-    raise SystemExit(f'--setup={args.setup}: only pipe setups have one '
-                     'device per partition; write pipe,K,M,recompute.')
-  stack = stack_lib.Stack(**json.loads(args.stack))
-  print(json.dumps(Measure(stack, setup, args.steps)))
+    raise SystemExit(f'--setup={setup.ToText()}: only pipe setups have '
+                     'one device per partition; write pipe,K,M,recompute.')
+  print(json.dumps(Measure(stack, setup, steps)))
   sys.stdout.flush()
 
 

@@ -29,7 +29,6 @@ parent's ru_maxrss (Linux records the pre-exec RSS of the forked parent),
 so under a parent that holds models it reports the parent's size.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -78,14 +77,8 @@ def Measure(stack: stack_lib.Stack, setup: stack_lib.Setup,
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--setup', required=True, help='kind,K,M,recompute')
-  parser.add_argument('--stack', default='{}', help='Stack fields, JSON.')
-  parser.add_argument('--steps', type=int, default=3)
-  args = parser.parse_args()
-  stack = stack_lib.Stack(**json.loads(args.stack))
-  result = Measure(stack, stack_lib.Setup.FromText(args.setup), args.steps)
-  print(json.dumps(result))
+  stack, setup, steps = stack_lib.ChildArgs(__doc__.split('\n')[0], 3)
+  print(json.dumps(Measure(stack, setup, steps)))
   sys.stdout.flush()
 
 

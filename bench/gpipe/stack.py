@@ -21,7 +21,9 @@ work on the same weights).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 from typing import Callable, List, Optional, Tuple
 
 import tensorflow as tf
@@ -138,3 +140,19 @@ def StepFunction(layer: base_layer.BaseLayer, setup: Setup,
       return loss, tape.gradient(loss, variables)
 
   return tf.function(Step, autograph=False)
+
+
+def ChildArgs(description: str,
+              steps: int) -> Tuple[Stack, Setup, int]:
+  """(stack, setup, steps) from the command line of a measuring child.
+
+  Flags: --setup=kind,K,M,recompute, --stack='{JSON of Stack fields}',
+  --steps (default `steps`).
+  """
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument('--setup', required=True, help='kind,K,M,recompute')
+  parser.add_argument('--stack', default='{}', help='Stack fields, JSON.')
+  parser.add_argument('--steps', type=int, default=steps)
+  args = parser.parse_args()
+  return (Stack(**json.loads(args.stack)), Setup.FromText(args.setup),
+          args.steps)
