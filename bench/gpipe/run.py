@@ -63,6 +63,22 @@ def _Quiet() -> None:
 # ---- step time -------------------------------------------------------------
 
 
+def CpuTimes() -> Dict[str, int]:
+  """Machine-wide CPU time so far from /proc/stat, in clock ticks."""
+  with open('/proc/stat') as f:
+    fields = f.readline().split()[1:9]
+  names = ('user', 'nice', 'system', 'idle', 'iowait', 'irq', 'softirq',
+           'steal')
+  return dict(zip(names, map(int, fields)))
+
+
+def Steal(before: Dict[str, int], after: Dict[str, int]) -> str:
+  """How much of the machine's time a hypervisor gave to other guests."""
+  total = sum(after.values()) - sum(before.values())
+  steal = after['steal'] - before['steal']
+  return f'{100.0 * steal / max(total, 1):.1f}% of CPU time stolen'
+
+
 def MeasureTimes(stack: stack_lib.Stack, setups: Sequence[Setup],
                  warmup: int, steps: int) -> Dict[str, dict]:
   """label -> {times, cpu, trace, first}: seconds (module docstring).
@@ -327,8 +343,12 @@ def main(argv: Sequence[str]) -> None:
     raw['device_memory'] = MeasureDeviceMemory(stack, ms, args.memory_steps)
     tables.append(DeviceMemoryTable(stack, raw['device_memory']))
   if 'time' in what:
+    cpu_before = CpuTimes()
     raw['time'] = MeasureTimes(stack, TimeSetups(), args.warmup, args.steps)
-    tables.append(TimeTable(stack, raw['time'], args.steps))
+    steal = Steal(cpu_before, CpuTimes())
+    print(f'while timing: {steal}', flush=True)
+    tables.append(TimeTable(stack, raw['time'], args.steps) +
+                  f'\nWhile timing, {steal} (hypervisor, /proc/stat).')
     if args.lingvo_python:
       raw['lingvo'] = MeasureLingvo(args.lingvo_python, stack, args.warmup,
                                     args.lingvo_steps)
