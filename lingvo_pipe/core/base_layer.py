@@ -40,8 +40,10 @@ which sets the whole subtree.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
+import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import tensorflow as tf
@@ -51,6 +53,34 @@ from lingvo_pipe.core.nested_map import NestedMap
 
 _INIT_METHODS = ('gaussian', 'uniform', 'xavier', 'gaussian_sqrt_fanin',
                  'constant')
+
+
+@dataclasses.dataclass(frozen=True)
+class VariableShape:
+  """What `VariableShapesOnly` makes instead of a variable."""
+  name: str
+  shape: tf.TensorShape
+  dtype: tf.DType
+  trainable: bool
+
+
+_SHAPES_ONLY = threading.local()
+
+
+@contextlib.contextmanager
+def VariableShapesOnly() -> Iterator[None]:
+  """Layers built inside have `VariableShape`s, not variables.
+
+  For counting parameters and sizes of layers that may be far too big for
+  this host: no initial value is computed and nothing is allocated. Such a
+  layer cannot run FProp.
+  """
+  before = getattr(_SHAPES_ONLY, 'on', False)
+  _SHAPES_ONLY.on = True
+  try:
+    yield
+  finally:
+    _SHAPES_ONLY.on = before
 
 
 class WeightInit:
@@ -276,6 +306,9 @@ class BaseLayer(metaclass=_BaseLayerMeta):
         raise ValueError(
             f"Variable '{path}' has shape {list(wp.shape)}; every dimension "
             'must be a non-negative int.')
+    if getattr(_SHAPES_ONLY, 'on', False):
+      return VariableShape(path, tf.TensorShape(wp.shape), tf.as_dtype(dtype),
+                           bool(wp.trainable))
     seed = PathSeed(self.params.random_seed, f'{self._seed_path}/{name}')
     value = InitialValue(init, wp.shape, dtype, seed)
     return tf.Variable(value, trainable=wp.trainable, name=path, dtype=dtype)

@@ -321,16 +321,13 @@ def _MetaBytes(layer_ps: Sequence[hyperparams.Params], metas: List[Any],
 
 
 def _ParamCounts(layer_ps: Sequence[hyperparams.Params]) -> List[int]:
-  """Trainable scalars of each layer, built in a throwaway graph.
+  """Trainable scalars of each layer, from variable shapes only.
 
-  In graph mode a variable is a node: its initial value is never computed,
-  so this costs no memory for the weights whatever the layer's size.
+  No initial value is computed, so this costs neither time nor memory for
+  the weights whatever the layer's size.
   """
-  counts = []
-  for p in layer_ps:
-    with tf.Graph().as_default():
-      counts.append(base_layer.NumParameters(p.Instantiate()))
-  return counts
+  with base_layer.VariableShapesOnly():
+    return [base_layer.NumParameters(p.Instantiate()) for p in layer_ps]
 
 
 def _RandomInputs(args: Tuple[Any, ...], dtype: tf.DType) -> Any:

@@ -714,6 +714,29 @@ class NumParametersTest(tf.test.TestCase):
     layer = Dense.Params().Set(name='d').Instantiate()
     self.assertEqual(base_layer.NumParameters(layer), 4 * 6 + 6)
 
+  def testShapesOnlyMirrorsTheVariables(self):
+    for p in (_TreeParams(dim=5), _Stats.Params().Set(name='s', depth=2)):
+      real = p.Instantiate()
+      with base_layer.VariableShapesOnly():
+        shapes = p.Instantiate()
+      self.assertEqual(base_layer.NumParameters(shapes),
+                       base_layer.NumParameters(real))
+      real_vars = real.vars.Flatten() + real.accumulators.Flatten()
+      shape_vars = shapes.vars.Flatten() + shapes.accumulators.Flatten()
+      self.assertLen(shape_vars, len(real_vars))
+      for want, got in zip(real_vars, shape_vars):
+        self.assertIsInstance(got, base_layer.VariableShape)
+        self.assertEqual(want.name.split(':')[0], got.name)
+        self.assertEqual(want.shape, got.shape)
+        self.assertEqual(want.dtype, got.dtype)
+        self.assertEqual(want.trainable, got.trainable)
+    # The mode ends with the block, also when the block raises.
+    with self.assertRaises(KeyError):
+      with base_layer.VariableShapesOnly():
+        raise KeyError('stop')
+    self.assertIsInstance(_TreeParams(dim=2).Instantiate().vars.w,
+                          tf.Variable)
+
 
 if __name__ == '__main__':
   absltest.main()
