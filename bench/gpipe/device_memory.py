@@ -65,6 +65,9 @@ def _StartServers(spec: str, num: int) -> List[subprocess.Popen]:
   for proc in servers:
     line = proc.stdout.readline()
     if not line.startswith('Serving'):
+      for other in servers:
+        other.kill()
+        other.wait()
       raise RuntimeError(f'A server did not start (said {line!r}).')
   time.sleep(1.0)  # 'Serving' is printed just before the server starts
   return servers
