@@ -472,6 +472,15 @@ class BaseLayer(metaclass=_BaseLayerMeta):
         "partitions with cost='params' or cost='time'.")
 
 
+def MetaNumElements(shape: Any, where: str) -> int:
+  """Elements of `shape` for `where`.FPropMeta; an error if not static."""
+  shape = tf.TensorShape(shape)
+  if not shape.is_fully_defined():
+    raise ValueError(
+        f'{where}.FPropMeta needs a fully defined input shape, got {shape}.')
+  return int(shape.num_elements())
+
+
 def NumParameters(layer: BaseLayer) -> int:
   """Number of scalar parameters in the layer's trainable variables."""
   return sum(int(v.shape.num_elements()) for v in layer.vars.Flatten()

@@ -118,9 +118,5 @@ class DropoutLayer(base_layer.BaseLayer):
   @classmethod
   def FPropMeta(cls, params, input_shape, *unused):
     input_shape = tf.TensorShape(input_shape)
-    if not input_shape.is_fully_defined():
-      raise ValueError(
-          f'DropoutLayer.FPropMeta needs a fully known shape, got '
-          f'{input_shape}.')
-    return NestedMap(flops=10 * input_shape.num_elements(),
-                     out_shapes=(input_shape,))
+    n = base_layer.MetaNumElements(input_shape, 'DropoutLayer')
+    return NestedMap(flops=10 * n, out_shapes=(input_shape,))

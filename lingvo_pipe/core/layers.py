@@ -69,14 +69,6 @@ def _Shape(shape: Any) -> tf.TensorShape:
   return tf.TensorShape(shape)
 
 
-def _NumElements(shape: tf.TensorShape, where: str) -> int:
-  n = shape.num_elements()
-  if n is None:
-    raise ValueError(
-        f'{where}.FPropMeta needs fully defined input shapes, got {shape}.')
-  return int(n)
-
-
 def _FPropTheta(layer: base_layer.BaseLayer, theta: NestedMap) -> NestedMap:
   """theta with every leaf as a tensor of the layer's fprop dtype."""
   dtype = layer.fprop_dtype
@@ -154,7 +146,7 @@ class ActivationLayer(base_layer.BaseLayer):
                 input_shape: Any) -> NestedMap:
     shape = _Shape(input_shape)
     CheckActivation(params.activation, cls.__name__)
-    n = _NumElements(shape, cls.__name__)
+    n = base_layer.MetaNumElements(shape, cls.__name__)
     return NestedMap(flops=_ACTIVATION_FLOPS[params.activation] * n,
                      out_shapes=(shape,))
 
@@ -203,7 +195,7 @@ class ProjectionLayer(base_layer.BaseLayer):
   def FPropMeta(cls, params: hyperparams.Params,
                 input_shape: Any) -> NestedMap:
     shape = _Shape(input_shape)
-    rows = _NumElements(shape, cls.__name__) // params.input_dim
+    rows = base_layer.MetaNumElements(shape, cls.__name__) // params.input_dim
     out = rows * params.output_dim
     flops = 2 * rows * params.input_dim * params.output_dim
     flops += (out if params.has_bias else 0)
@@ -260,7 +252,7 @@ class Conv2DLayer(base_layer.BaseLayer):
     fh, fw, cin, cout = params.filter_shape
     out = _OutImageShape(cls.__name__, _Shape(input_shape), (fh, fw),
                          params.filter_stride, params.padding, cout)
-    n = _NumElements(out, cls.__name__)
+    n = base_layer.MetaNumElements(out, cls.__name__)
     flops = 2 * n * fh * fw * cin
     flops += (n if params.has_bias else 0)
     flops += _ACTIVATION_FLOPS[params.activation] * n
@@ -335,7 +327,7 @@ class DepthwiseSeparableConv2DLayer(base_layer.BaseLayer):
     out = _OutImageShape(cls.__name__, _Shape(input_shape), (fh, fw),
                          params.filter_stride, params.padding,
                          params.output_dim)
-    n = _NumElements(out, cls.__name__)
+    n = base_layer.MetaNumElements(out, cls.__name__)
     positions = n // params.output_dim
     flops = 2 * positions * fh * fw * cin * mult
     flops += 2 * positions * cin * mult * params.output_dim
@@ -387,7 +379,7 @@ class PoolingLayer(base_layer.BaseLayer):
     shape = _Shape(input_shape)
     out = _OutImageShape(cls.__name__, shape, params.window_shape,
                          params.window_stride, params.padding, shape[-1])
-    n = _NumElements(out, cls.__name__)
+    n = base_layer.MetaNumElements(out, cls.__name__)
     return NestedMap(flops=n * math.prod(params.window_shape),
                      out_shapes=(out,))
 
@@ -442,7 +434,7 @@ class EmbeddingLayer(base_layer.BaseLayer):
                 ids_shape: Any) -> NestedMap:
     shape = _Shape(ids_shape)
     out = shape.concatenate([params.embedding_dim])
-    n = _NumElements(out, cls.__name__)
+    n = base_layer.MetaNumElements(out, cls.__name__)
     return NestedMap(flops=n if params.scale_sqrt_depth else 0,
                      out_shapes=(out,))
 
@@ -637,5 +629,5 @@ class ResidualLayer(base_layer.BaseLayer):
       raise ValueError(
           f'ResidualLayer.FPropMeta: body output shapes {outs} do not match '
           f'input shape {shape}; the body must keep the shape.')
-    return NestedMap(flops=int(meta.flops) + _NumElements(shape, cls.__name__),
-                     out_shapes=(shape,))
+    flops = int(meta.flops) + base_layer.MetaNumElements(shape, cls.__name__)
+    return NestedMap(flops=flops, out_shapes=(shape,))

@@ -50,11 +50,8 @@ def _CheckLastDim(layer: base_layer.BaseLayer, x: tf.Tensor,
 def _ElementwiseMeta(name: str, input_shape: Any,
                      flops_per_element: int) -> NestedMap:
   shape = tf.TensorShape(input_shape)
-  n = shape.num_elements()
-  if n is None:
-    raise ValueError(
-        f'{name}.FPropMeta needs a fully defined input shape, got {shape}.')
-  return NestedMap(flops=flops_per_element * int(n), out_shapes=(shape,))
+  n = base_layer.MetaNumElements(shape, name)
+  return NestedMap(flops=flops_per_element * n, out_shapes=(shape,))
 
 
 class LayerNorm(base_layer.BaseLayer):

@@ -738,5 +738,16 @@ class NumParametersTest(tf.test.TestCase):
                           tf.Variable)
 
 
+class MetaNumElementsTest(tf.test.TestCase):
+
+  def testCountsStaticShapesAndNamesTheLayerOtherwise(self):
+    self.assertEqual(base_layer.MetaNumElements([2, 3, 4], 'L'), 24)
+    self.assertEqual(base_layer.MetaNumElements(tf.TensorShape([]), 'L'), 1)
+    for shape in ([None, 3], None):
+      with self.assertRaisesRegex(
+          ValueError, r'^Proj.FPropMeta needs a fully defined input shape'):
+        base_layer.MetaNumElements(shape, 'Proj')
+
+
 if __name__ == '__main__':
   absltest.main()

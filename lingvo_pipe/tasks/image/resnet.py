@@ -41,14 +41,6 @@ def HeInit() -> hyperparams.Params:
   return base_layer.WeightInit.GaussianSqrtFanIn(math.sqrt(2.0))
 
 
-def _NumElements(shape: tf.TensorShape, where: str) -> int:
-  n = shape.num_elements()
-  if n is None:
-    raise ValueError(
-        f'{where}.FPropMeta needs a fully defined input shape, got {shape}.')
-  return int(n)
-
-
 class ConvBatchNormLayer(base_layer.BaseLayer):
   """y = activation(BN(conv2d(x))), NHWC, convolution without bias.
 
@@ -170,7 +162,7 @@ class ResNetBlock(base_layer.BaseLayer):
       flops += children.shortcut.cls.FPropMeta(children.shortcut,
                                                shape).flops
     out = tf.TensorShape(m2.out_shapes[0])
-    flops += 2 * _NumElements(out, cls.__name__)  # add, relu
+    flops += 2 * base_layer.MetaNumElements(out, cls.__name__)  # add, relu
     return NestedMap(flops=flops, out_shapes=(out,))
 
 
@@ -194,7 +186,7 @@ class GlobalAveragePoolLayer(base_layer.BaseLayer):
       raise ValueError(
           f'{cls.__name__}.FPropMeta: input shape {shape} is not [batch, '
           'height, width, channels].')
-    return NestedMap(flops=_NumElements(shape, cls.__name__),
+    return NestedMap(flops=base_layer.MetaNumElements(shape, cls.__name__),
                      out_shapes=(tf.TensorShape([shape[0], shape[3]]),))
 
 
