@@ -27,6 +27,7 @@ from typing import List
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+import proc  # noqa: E402
 import stack as stack_lib  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -39,19 +40,6 @@ def _FreePort() -> int:
     return s.getsockname()[1]
 
 
-def _StatusKiB(pid: int, field: str) -> int:
-  with open(f'/proc/{pid}/status') as f:
-    for line in f:
-      if line.startswith(field + ':'):
-        return int(line.split()[1])
-  raise RuntimeError(f'/proc/{pid}/status has no {field}.')
-
-
-def _ResetPeak(pid: int) -> None:
-  with open(f'/proc/{pid}/clear_refs', 'w') as f:
-    f.write('5')
-
-
 def _StartServers(spec: str, num: int) -> List[subprocess.Popen]:
   env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072',
              TF_ENABLE_ONEDNN_OPTS='0', TF_CPP_MIN_LOG_LEVEL='2',
@@ -62,8 +50,8 @@ def _StartServers(spec: str, num: int) -> List[subprocess.Popen]:
        f'--cluster_spec={spec}', f'--task_index={task}'],
       env=env, cwd=REPO, stdout=subprocess.PIPE,
       stderr=subprocess.DEVNULL, text=True) for task in range(num)]
-  for proc in servers:
-    line = proc.stdout.readline()
+  for server in servers:
+    line = server.stdout.readline()
     if not line.startswith('Serving'):
       for other in servers:
         other.kill()
@@ -85,17 +73,17 @@ def Measure(stack: stack_lib.Stack, setup: stack_lib.Setup,
     inputs = stack_lib.Inputs(stack)
     step = stack_lib.StepFunction(layer, setup, devices[0])
     step(inputs)[0].numpy()  # traces, optimises, runs once
-    pids = [proc.pid for proc in servers]
-    base = [_StatusKiB(pid, 'VmRSS') for pid in pids]
+    pids = [server.pid for server in servers]
+    base = [proc.StatusKiB('VmRSS', pid) for pid in pids]
     for pid in pids:
-      _ResetPeak(pid)
+      proc.ResetPeak(pid)
     for _ in range(steps):
       step(inputs)[0].numpy()
-    peak = [_StatusKiB(pid, 'VmHWM') for pid in pids]
+    peak = [proc.StatusKiB('VmHWM', pid) for pid in pids]
   finally:
-    for proc in servers:
-      proc.kill()
-      proc.wait()
+    for server in servers:
+      server.kill()
+      server.wait()
   mib = lambda kib: round(kib / 1024, 1)  # noqa: E731
   return {'setup': setup.ToText(), 'base': [mib(b) for b in base],
           'activation': [mib(p - b) for p, b in zip(peak, base)]}

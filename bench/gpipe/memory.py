@@ -39,21 +39,8 @@ from lingvo_pipe.core import devices  # noqa: E402
 
 DEVICES = devices.SplitCpu(2)
 
+import proc  # noqa: E402
 import stack as stack_lib  # noqa: E402
-
-
-def _StatusKiB(field: str) -> int:
-  with open('/proc/self/status') as f:
-    for line in f:
-      if line.startswith(field + ':'):
-        return int(line.split()[1])
-  raise RuntimeError(f'/proc/self/status has no {field}.')
-
-
-def _ResetPeak() -> None:
-  """Sets the high-water mark (VmHWM, ru_maxrss) to the current RSS."""
-  with open('/proc/self/clear_refs', 'w') as f:
-    f.write('5')
 
 
 def Measure(stack: stack_lib.Stack, setup: stack_lib.Setup,
@@ -62,14 +49,14 @@ def Measure(stack: stack_lib.Stack, setup: stack_lib.Setup,
   layer = stack_lib.BuildModel(stack, setup, DEVICES)
   inputs = stack_lib.Inputs(stack)
   step = stack_lib.StepFunction(layer, setup, DEVICES[0])
-  built = _StatusKiB('VmRSS')
+  built = proc.StatusKiB('VmRSS')
   step(inputs)[0].numpy()  # traces, optimises, runs once
-  base = _StatusKiB('VmRSS')
-  warm_peak = _StatusKiB('VmHWM')
-  _ResetPeak()
+  base = proc.StatusKiB('VmRSS')
+  warm_peak = proc.StatusKiB('VmHWM')
+  proc.ResetPeak()
   for _ in range(steps):
     step(inputs)[0].numpy()
-  step_peak = _StatusKiB('VmHWM')
+  step_peak = proc.StatusKiB('VmHWM')
   mib = lambda kib: round(kib / 1024, 1)  # noqa: E731
   return {'setup': setup.ToText(), 'built': mib(built), 'base': mib(base),
           'step_peak': mib(step_peak), 'activation': mib(step_peak - base),

@@ -28,15 +28,9 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+import proc  # noqa: E402
+
 VARIANTS = ('inline', 'nested', 'noinline')
-
-
-def _RssMiB() -> int:
-  with open('/proc/self/status') as f:
-    for line in f:
-      if line.startswith('VmRSS:'):
-        return int(line.split()[1]) // 1024
-  raise RuntimeError('/proc/self/status has no VmRSS.')
 
 
 def Build(variant: str, num_layers: int, m: int):
@@ -74,7 +68,7 @@ def Build(variant: str, num_layers: int, m: int):
 def MeasureBuild(variant: str, num_layers: int, m: int) -> str:
   """Graph ops, trace and first-call seconds, RSS growth (own process)."""
   step, inputs = Build(variant, num_layers, m)
-  rss = _RssMiB()
+  rss = proc.StatusKiB('VmRSS')
   start = time.perf_counter()
   graph = step.get_concrete_function(inputs).graph
   traced = time.perf_counter()
@@ -83,7 +77,7 @@ def MeasureBuild(variant: str, num_layers: int, m: int) -> str:
   first = time.perf_counter()
   return (f'{variant:<9} {len(graph.get_operations()):>7} '
           f'{traced - start:>7.1f} {first - traced:>12.1f} '
-          f'{_RssMiB() - rss:>8}')
+          f'{(proc.StatusKiB("VmRSS") - rss) // 1024:>8}')
 
 
 def MeasureSteps(num_layers: int, m: int, rounds: int) -> str:

@@ -207,6 +207,12 @@ def LingvoTable(stack: stack_lib.Stack, ours: Dict[str, dict],
 # ---- memory ----------------------------------------------------------------
 
 
+def MemorySetups(ms: Sequence[int]) -> List[Setup]:
+  """K=2 with each M, recompute 'always' then 'never'."""
+  return [Setup('pipe', 2, m, mode) for mode in ('always', 'never')
+          for m in ms]
+
+
 def _MemoryChild(setup: Setup, stack: stack_lib.Stack,
                  steps: int) -> subprocess.Popen:
   env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072',
@@ -221,8 +227,7 @@ def _MemoryChild(setup: Setup, stack: stack_lib.Stack,
 def MeasureMemory(stack: stack_lib.Stack, ms: Sequence[int],
                   steps: int, jobs: int) -> Dict[str, dict]:
   """label -> memory.py's figures; `jobs` children at a time."""
-  setups = [Setup('pipe', 2, m, mode) for mode in ('always', 'never')
-            for m in ms]
+  setups = MemorySetups(ms)
   out, running = {}, []
   while setups or running:
     while setups and len(running) < jobs:
@@ -241,8 +246,7 @@ def MeasureDeviceMemory(stack: stack_lib.Stack, ms: Sequence[int],
                         steps: int) -> Dict[str, dict]:
   """label -> device_memory.py's figures; one configuration at a time."""
   out = {}
-  for setup in [Setup('pipe', 2, m, mode) for mode in ('always', 'never')
-                for m in ms]:
+  for setup in MemorySetups(ms):
     child = subprocess.run(
         [sys.executable, os.path.join(HERE, 'device_memory.py'),
          f'--setup={setup.ToText()}', f'--steps={steps}',

@@ -1,0 +1,24 @@
+"""A process's resident memory from /proc (Linux), for the benchmarks.
+
+`pid` is a process id or 'self'. VmRSS is the resident set now, VmHWM its
+high-water mark; `ResetPeak` sets the mark back to the current RSS.
+"""
+
+from typing import Union
+
+Pid = Union[int, str]
+
+
+def StatusKiB(field: str, pid: Pid = 'self') -> int:
+  """A field of /proc/PID/status in KiB, e.g. 'VmRSS' or 'VmHWM'."""
+  with open(f'/proc/{pid}/status') as f:
+    for line in f:
+      if line.startswith(field + ':'):
+        return int(line.split()[1])
+  raise RuntimeError(f'/proc/{pid}/status has no {field}.')
+
+
+def ResetPeak(pid: Pid = 'self') -> None:
+  """Sets the high-water mark (VmHWM, ru_maxrss) to the current RSS."""
+  with open(f'/proc/{pid}/clear_refs', 'w') as f:
+    f.write('5')
