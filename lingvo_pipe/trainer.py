@@ -42,6 +42,11 @@ flags.DEFINE_enum('run_locally', 'cpu', ['cpu', 'gpu'],
                   'cpu: split the CPU into as many logical devices as the '
                   "model's pipelines have partitions; gpu: use the visible "
                   'GPUs.')
+flags.DEFINE_bool('share_cores', True,
+                  'With --run_locally=cpu and several logical CPUs: give '
+                  'each op cores / devices intra-op threads, so partitions '
+                  "that run at once do not contend (--noshare_cores: TF's "
+                  'default thread pools).')
 flags.DEFINE_enum('job', 'trainer', ['trainer', 'evaler_dev', 'evaler_test',
                                      'decoder_dev', 'decoder_test',
                                      'server'],
@@ -98,11 +103,12 @@ def LoadParams(model: str, override_text: str = '',
   return p
 
 
-def SetUpDevices(run_locally: str, needed: int) -> None:
+def SetUpDevices(run_locally: str, needed: int,
+                 share_cores: bool = True) -> None:
   """Makes the devices the model's pipelines need (before any TF op)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if run_locally == 'cpu':
-    devices.SplitCpu(max(needed, 1))
+    devices.SplitCpu(max(needed, 1), share_cores=share_cores)
     return
   gpus = tf.config.list_physical_devices('GPU')
   if len(gpus) < needed:
@@ -300,7 +306,8 @@ def _Run() -> None:
     names = cluster.Connect(cluster.ParseClusterSpec(FLAGS.cluster_spec))
     cluster.PlacePipelines(p.task, names)
   else:
-    SetUpDevices(FLAGS.run_locally, base_model.NumDevicesNeeded(p.task))
+    SetUpDevices(FLAGS.run_locally, base_model.NumDevicesNeeded(p.task),
+                 FLAGS.share_cores)
   os.makedirs(FLAGS.logdir, exist_ok=True)
   text = p.ToText()
   logging.info('Model params:\n%s', text)

@@ -61,12 +61,34 @@ class DevicesTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(devices.LogicalDevices('CPU'), have)
     self.assertLen(devices.SplitCpu(have), have)
 
+  def testSplitCpuSharesTheCoresAmongTheDevices(self):
+    # This process split into 4 at import.
+    self.assertEqual(tf.config.threading.get_intra_op_parallelism_threads(),
+                     max(1, devices.NumCores() // 4))
+
+  def testIntraOpThreadsInFreshProcesses(self):
+    cores = devices.NumCores()
+    cases = [
+        # (statements before any op, intra-op threads expected)
+        ('devices.SplitCpu(1)', 0),
+        ('devices.SplitCpu(2)', max(1, cores // 2)),
+        ('devices.SplitCpu(4)', max(1, cores // 4)),
+        ('devices.SplitCpu(2, share_cores=False)', 0),
+        # A count the user set is kept.
+        ('tf.config.threading.set_intra_op_parallelism_threads(3); '
+         'devices.SplitCpu(2)', 3),
+    ]
+    for statements, want in cases:
+      with self.subTest(statements):
+        out = _RunFresh(
+            f'{statements}; _ = tf.constant(1.0) + 1.0; '
+            'print(tf.config.threading.get_intra_op_parallelism_threads())')
+        self.assertEqual(out.strip().split('\n')[-1], str(want))
+
   def testSplitCpuAfterAnOpInAFreshProcess(self):
     # A fresh process: an op starts the runtime with one CPU, so splitting
     # is no longer possible and the error says what to do.
     script = textwrap.dedent("""
-        import tensorflow as tf
-        from lingvo_pipe.core import devices
         _ = tf.constant(1.0) + 1.0
         print('ONE', devices.SplitCpu(1))
         try:
@@ -76,19 +98,27 @@ class DevicesTest(tf.test.TestCase, parameterized.TestCase):
         else:
           print('NO ERROR')
         """)
-    env = dict(os.environ)
-    env['TF_CPP_MIN_LOG_LEVEL'] = '2'
-    env['PYTHONPATH'] = os.pathsep.join(p for p in sys.path if p)
-    proc = subprocess.run([sys.executable, '-c', script], env=env,
-                          capture_output=True, text=True, timeout=120,
-                          check=False)
-    self.assertEqual(proc.returncode, 0, proc.stderr)
-    lines = proc.stdout.strip().split('\n')
+    lines = _RunFresh(script).strip().split('\n')
     self.assertEqual(lines[0], f"ONE ['{_CPU}0']")
     self.assertRegex(
         lines[-1],
         r'^ERROR .*already started with 1 logical CPU.*'
         r'call devices\.SplitCpu\(8\) before running any TensorFlow op')
+
+
+def _RunFresh(script: str) -> str:
+  """stdout of `script` (with tf and devices imported) in a new Python."""
+  env = dict(os.environ)
+  env['TF_CPP_MIN_LOG_LEVEL'] = '2'
+  env['PYTHONPATH'] = os.pathsep.join(p for p in sys.path if p)
+  script = ('import tensorflow as tf\n'
+            'from lingvo_pipe.core import devices\n' + script)
+  proc = subprocess.run([sys.executable, '-c', script], env=env,
+                        capture_output=True, text=True, timeout=120,
+                        check=False)
+  if proc.returncode:
+    raise AssertionError(f'{script!r} failed:\n{proc.stderr[-2000:]}')
+  return proc.stdout
 
 
 if __name__ == '__main__':
