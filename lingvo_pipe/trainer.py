@@ -188,14 +188,24 @@ class Runner:
   def Train(self) -> Dict[str, float]:
     """Trains to max_steps (resuming); returns the final Dev metrics."""
     from lingvo_pipe.core import progress  # pylint: disable=g-import-not-at-top
+    from lingvo_pipe.core import checkpointer  # pylint: disable=g-import-not-at-top
     tp = self._p.task.train
+    input_p = self._p.Get('train_input')
+    if input_p is None:
+      raise TrainingStopped('The model has no Train() input; define it.')
+    dataset = input_p.Instantiate().GetDataset()
+    if tp.checkpoint_input:
+      # Checkpoints of the trainer then also hold the input's position.
+      self._ckpt = checkpointer.Checkpointer(
+          self._ckpt.directory, self._task.VariablesToCheckpoint(),
+          max_to_keep=tp.checkpoints_to_keep, dataset=dataset)
     restored = self._ckpt.RestoreLatest()
+    batches = self._ckpt.iterator or iter(dataset)
     step = int(self._state.global_step.numpy())
     if restored:
-      print(f'Resumed from {restored} at step {step}.', flush=True)
-    batches = self._Batches('train')
-    if batches is None:
-      raise TrainingStopped('The model has no Train() input; define it.')
+      where = ('input position restored' if self._ckpt.restored_input else
+               'no input position restored, so the input starts over')
+      print(f'Resumed from {restored} at step {step}; {where}.', flush=True)
     train_step = self._Function('train', self._task.TrainStep)
     batch_size = self._p.train_input.batch_size
     bar = progress.Progress(tp.max_steps, start_step=step)

@@ -138,15 +138,15 @@ class TrainerTest(absltest.TestCase):
     return [sys.executable, '-m', 'lingvo_pipe.trainer', f'--model={model}',
             f'--logdir={logdir}', '--run_locally=cpu', *extra]
 
-  def _Env(self):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  def _Env(self, extra=None):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', **(extra or {}))
     env['PYTHONPATH'] = os.pathsep.join(
         [self._module_dir, os.getcwd(), env.get('PYTHONPATH', '')])
     return env
 
-  def _Run(self, logdir, *extra, **kwargs):
+  def _Run(self, logdir, *extra, env=None, **kwargs):
     return subprocess.run(self._Command(logdir, *extra, **kwargs),
-                          env=self._Env(), capture_output=True, text=True,
+                          env=self._Env(env), capture_output=True, text=True,
                           timeout=300)
 
   def testTrainsEvaluatesAndWritesEverything(self):
@@ -198,8 +198,8 @@ class TrainerTest(absltest.TestCase):
     result = self._Run(logdir, '--model_params_override='
                        'task.train.max_steps : 440')
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-    self.assertIn(f'Resumed from {latest} at step {killed_at}.',
-                  result.stdout)
+    self.assertIn(f'Resumed from {latest} at step {killed_at}; input '
+                  'position restored.', result.stdout)
     # The second run starts right after the checkpoint: no step is lost
     # and none is trained twice.
     resumed = _Scalars(os.path.join(logdir, 'train'), skip=first_run)
@@ -207,6 +207,47 @@ class TrainerTest(absltest.TestCase):
                      list(range(killed_at + 10, 441, 10)))
     final = tf.train.latest_checkpoint(os.path.join(logdir, 'train'))
     self.assertTrue(final.endswith('ckpt-440'))
+
+  def testResumedRunEqualsAnUninterruptedOne(self):
+    # A shuffled input: the resumed run must continue the same stream
+    # (shuffle buffer included), not start the data over.
+    common = ('task.train.eval_interval_steps : 0\n'
+              'train_input.shuffle_buffer_size : 256\n')
+    whole, split = (self.create_tempdir().full_path for _ in range(2))
+    runs = [(whole, 60), (split, 20), (split, 60)]
+    for logdir, steps in runs:
+      result = self._Run(logdir, '--model_params_override=' + common +
+                         f'task.train.max_steps : {steps}',
+                         env={'TF_DETERMINISTIC_OPS': '1'})
+      self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    self.assertIn('Resumed from', result.stdout)
+    self.assertIn('input position restored', result.stdout)
+    values = []
+    for logdir in (whole, split):
+      reader = tf.train.load_checkpoint(os.path.join(logdir, 'train',
+                                                     'ckpt-60'))
+      names = sorted(n for n in reader.get_variable_to_shape_map()
+                     if n.endswith('.ATTRIBUTES/VARIABLE_VALUE'))
+      values.append({n: reader.get_tensor(n) for n in names})
+    self.assertEqual(sorted(values[0]), sorted(values[1]))
+    self.assertIn('global_step/.ATTRIBUTES/VARIABLE_VALUE', values[0])
+    self.assertGreater(len(values[0]), 4)  # weights, biases, slots
+    for name, value in values[0].items():
+      self.assertTrue((value == values[1][name]).all(), name)
+
+  def testWithoutInputPositionTheResumedInputStartsOver(self):
+    logdir = self.create_tempdir().full_path
+    off = ('--model_params_override=task.train.eval_interval_steps : 0\n'
+           'task.train.checkpoint_input : False\n')
+    for steps in (20, 40):
+      result = self._Run(logdir, off + f'task.train.max_steps : {steps}')
+      self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    self.assertIn('at step 20; no input position restored, so the input '
+                  'starts over.', result.stdout)
+    names = tf.train.load_checkpoint(os.path.join(
+        logdir, 'train', 'ckpt-40')).get_variable_to_shape_map()
+    self.assertFalse([n for n in names
+                      if n.startswith('train_input_position/')])
 
   def testStopsOnNonFiniteLossAndKeepsTheLastGoodCheckpoint(self):
     logdir = self.create_tempdir().full_path
@@ -222,6 +263,8 @@ class TrainerTest(absltest.TestCase):
         tf.train.latest_checkpoint(os.path.join(logdir, 'train')), ckpt)
     reader = tf.train.load_checkpoint(ckpt)
     for name in reader.get_variable_to_shape_map():
+      if not name.endswith('.ATTRIBUTES/VARIABLE_VALUE'):
+        continue  # the input position (a variant), the object graph
       value = reader.get_tensor(name)
       if getattr(value, 'dtype', None) is not None and (
           value.dtype.kind == 'f'):

@@ -11,23 +11,56 @@ cannot be read, so a damaged file costs one save interval, never the run.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from absl import logging
 import tensorflow as tf
 
 
+# The key of the input iterator in a checkpoint.
+_INPUT_KEY = 'train_input_position'
+
+
 class Checkpointer:
-  """Saves and restores a flat {name: variable} dict under `directory`."""
+  """Saves and restores a flat {name: variable} dict under `directory`.
+
+  With `dataset`, the Checkpointer owns an iterator over it (`iterator`)
+  and each checkpoint also holds the input's position, shuffle buffer and
+  prefetched batches included, so a resumed run reads on where the saved
+  one stopped. If that iterator cannot be saved (a dataset with Python
+  functions or other state TF cannot serialise), checkpoints hold the
+  variables only and a warning says so once. A checkpoint without a
+  position, or with one the (changed) dataset cannot take, restores the
+  variables and starts the input over.
+  """
 
   def __init__(self, directory: str, variables: Dict[str, tf.Variable],
-               max_to_keep: int = 5):
+               max_to_keep: int = 5,
+               dataset: Optional[tf.data.Dataset] = None):
     if not variables:
       raise ValueError('Checkpointer got no variables to save.')
     self._directory = directory
-    self._checkpoint = tf.train.Checkpoint(**variables)
-    self._manager = tf.train.CheckpointManager(
-        self._checkpoint, directory, max_to_keep=max_to_keep,
+    self._variables_dict = variables
+    self._variables = tf.train.Checkpoint(**variables)
+    self._max_to_keep = max_to_keep
+    self._dataset = dataset
+    self._with_input: Optional[tf.train.Checkpoint] = None
+    self.iterator: Optional[Any] = None
+    if dataset is not None:
+      self._NewIterator()
+    self._manager = self._Manager(self._with_input or self._variables)
+    # Whether the last RestoreLatest/Restore also restored the input.
+    self.restored_input = False
+
+  def _NewIterator(self) -> None:
+    self.iterator = iter(self._dataset)
+    self._with_input = tf.train.Checkpoint(
+        **self._variables_dict, **{_INPUT_KEY: self.iterator})
+
+  def _Manager(self, checkpoint: tf.train.Checkpoint
+               ) -> tf.train.CheckpointManager:
+    return tf.train.CheckpointManager(
+        checkpoint, self._directory, max_to_keep=self._max_to_keep,
         checkpoint_name='ckpt')
 
   @property
@@ -36,7 +69,20 @@ class Checkpointer:
 
   def Save(self, step: int) -> str:
     """Writes checkpoint `ckpt-<step>`; returns its path prefix."""
-    path = self._manager.save(checkpoint_number=int(step))
+    try:
+      path = self._manager.save(checkpoint_number=int(step))
+    except (tf.errors.FailedPreconditionError,
+            tf.errors.UnimplementedError) as err:
+      if self._with_input is None:
+        raise
+      first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+      logging.warning(
+          'The train input cannot be checkpointed (%s); checkpoints hold '
+          'the variables only and a resumed run starts the input over.',
+          first)
+      self._with_input = None
+      self._manager = self._Manager(self._variables)
+      path = self._manager.save(checkpoint_number=int(step))
     logging.info('Saved checkpoint %s', path)
     return path
 
@@ -60,7 +106,7 @@ class Checkpointer:
     errors = []
     for path in self.Paths():
       try:
-        self._checkpoint.read(path).assert_existing_objects_matched()
+        self.Restore(path)
       except Exception as err:  # pylint: disable=broad-except
         # A damaged file fails in many ways (OpError, IndexError, ...).
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -78,8 +124,29 @@ class Checkpointer:
     return None
 
   def Restore(self, path: str) -> None:
-    """Restores one checkpoint; raises if it does not match the model."""
-    self._checkpoint.read(path).assert_existing_objects_matched()
+    """Restores one checkpoint; raises if it does not match the model.
+
+    The input position too, if this Checkpointer has an iterator and the
+    checkpoint holds one (`restored_input` says which happened).
+    """
+    self.restored_input = False
+    with_input = self._with_input is not None and any(
+        name.startswith(_INPUT_KEY + '/')
+        for name, _ in tf.train.list_variables(path))
+    if with_input:
+      try:
+        self._with_input.read(path).assert_existing_objects_matched()
+        self.restored_input = True
+        return
+      except (tf.errors.OpError, AssertionError, ValueError) as err:
+        # Most likely the input pipeline changed since the save. The
+        # failed restore may have cancelled the iterator: make a new one.
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        logging.warning('The input position in %s cannot be restored (%s); '
+                        'the input starts over.', path, first)
+        self._NewIterator()
+        self._manager = self._Manager(self._with_input)
+    self._variables.read(path).assert_existing_objects_matched()
 
 
 def StepOf(path: str) -> int:

@@ -34,6 +34,86 @@ class CheckpointerTest(tf.test.TestCase):
     self.assertAllEqual(w['model/w'], [30.0, -30.0])
     self.assertEqual(int(w['global_step']), 30)
 
+  def _Input(self, python_map=False):
+    """A shuffled, prefetched stream of batches."""
+    ds = tf.data.Dataset.range(1000).shuffle(64, seed=3).batch(4)
+    if python_map:
+      ds = ds.map(lambda x: tf.py_function(lambda y: y + 1, [x], tf.int64))
+    return ds.prefetch(2)
+
+  def _Next(self, iterator, n):
+    return [next(iterator).numpy().tolist() for _ in range(n)]
+
+  def testInputPositionIsSavedAndRestored(self):
+    directory = self.create_tempdir().full_path
+    saver = checkpointer.Checkpointer(directory, self._Vars(),
+                                      dataset=self._Input())
+    self._Next(saver.iterator, 7)
+    saver.Save(7)
+    want = self._Next(saver.iterator, 20)
+    ckpt = checkpointer.Checkpointer(directory, self._Vars(),
+                                     dataset=self._Input())
+    self.assertIsNotNone(ckpt.RestoreLatest())
+    self.assertTrue(ckpt.restored_input)
+    self.assertEqual(self._Next(ckpt.iterator, 20), want)
+    # Readers without an iterator (evaluation) read the same checkpoint.
+    checkpointer.Checkpointer(directory, self._Vars()).RestoreLatest()
+
+  def testCheckpointWithoutPositionLeavesTheInputAtItsStart(self):
+    directory = self.create_tempdir().full_path
+    v = self._Vars()
+    v['model/w'].assign([5.0, 6.0])
+    checkpointer.Checkpointer(directory, v).Save(3)
+    w = self._Vars()
+    ckpt = checkpointer.Checkpointer(directory, w, dataset=self._Input())
+    self.assertIsNotNone(ckpt.RestoreLatest())
+    self.assertFalse(ckpt.restored_input)
+    self.assertAllEqual(w['model/w'], [5.0, 6.0])
+    self.assertEqual(self._Next(ckpt.iterator, 3),
+                     self._Next(iter(self._Input()), 3))
+
+  def testPositionOfAnotherPipelineLeavesTheInputAtItsStart(self):
+    directory = self.create_tempdir().full_path
+    v = self._Vars()
+    saver = checkpointer.Checkpointer(directory, v, dataset=self._Input())
+    self._Next(saver.iterator, 2)
+    v['model/w'].assign([3.0, 4.0])
+    saver.Save(2)
+    w = self._Vars()
+    other = tf.data.Dataset.range(10).map(lambda x: x * 2).batch(2)
+    ckpt = checkpointer.Checkpointer(directory, w, dataset=other)
+    with self.assertLogs(level='WARNING') as logs:
+      self.assertIsNotNone(ckpt.RestoreLatest())
+    self.assertIn('cannot be restored', logs.output[0])
+    self.assertFalse(ckpt.restored_input)
+    self.assertAllEqual(w['model/w'], [3.0, 4.0])
+    self.assertEqual(self._Next(ckpt.iterator, 2), [[0, 2], [4, 6]])
+    ckpt.Save(3)  # the new iterator's position is saved
+    reader = checkpointer.Checkpointer(directory, self._Vars(), dataset=other)
+    self.assertTrue(reader.RestoreLatest().endswith('ckpt-3'))
+    self.assertTrue(reader.restored_input)
+    self.assertEqual(self._Next(reader.iterator, 1), [[8, 10]])
+
+  def testInputThatCannotBeSavedFallsBackToTheVariables(self):
+    directory = self.create_tempdir().full_path
+    v = self._Vars()
+    ckpt = checkpointer.Checkpointer(directory, v,
+                                     dataset=self._Input(python_map=True))
+    self._Next(ckpt.iterator, 2)
+    with self.assertLogs(level='WARNING') as logs:
+      ckpt.Save(2)
+    self.assertIn('The train input cannot be checkpointed', logs.output[0])
+    v['model/w'].assign([7.0, 8.0])
+    with self.assertNoLogs(level='WARNING'):
+      ckpt.Save(4)  # the variables, without a second warning
+    self.assertEqual([checkpointer.StepOf(p) for p in ckpt.Paths()], [4, 2])
+    w = self._Vars()
+    reader = checkpointer.Checkpointer(directory, w,
+                                       dataset=self._Input(True))
+    reader.RestoreLatest()
+    self.assertFalse(reader.restored_input)
+    self.assertAllEqual(w['model/w'], [7.0, 8.0])
+
   def testNoCheckpointRestoresNothing(self):
     v = self._Vars()
     ckpt = checkpointer.Checkpointer(self.create_tempdir().full_path, v)
