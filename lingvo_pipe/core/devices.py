@@ -14,6 +14,7 @@ from typing import List
 
 import tensorflow as tf
 
+
 def NumCores() -> int:
   """CPU cores this process may run on."""
   if hasattr(os, 'sched_getaffinity'):
