@@ -3,14 +3,14 @@
   .venv/bin/python bench/gpipe/run.py [--what=time,memory]
       [--steps=10] [--warmup=2] [--lingvo_python=/tmp/lingvo_venv/bin/python]
 
-Step time (one process, 2 logical CPUs): every configuration of
-`stack.py` is built and traced, warmed up `--warmup` steps, then timed in
-`--steps` interleaved rounds (each round runs every configuration once,
-starting one further along each time), so a change of machine load hits
-all of them alike. Reported: median and min seconds per step, and
-median / median of the unpipelined model. The two logical CPUs share the
-process's thread pools on a 2-core machine: this measures overhead, not
-speed-up.
+Step time (2 logical CPUs): every configuration of `stack.py` under two
+thread settings, one `timing.py` process each (the framework's default,
+each op on cores / 2 intra-op threads, and TF's default pools); each
+builds, traces and warms up every configuration, then `--steps`
+interleaved rounds run every (setting, configuration) once, starting one
+further along each time, so a change of machine load hits all of them
+alike. Reported: median and min seconds per step, and median / median of
+the faster unpipelined row, on which the targets are judged.
 
 Peak memory (K=2, M in 1, 2, 4, 8, recompute 'always' and 'never'): one
 subprocess per configuration (`memory.py`, which explains the method),
@@ -55,10 +55,6 @@ def TimeSetups() -> List[Setup]:
       Setup('pipe', 2, 8, 'always'), Setup('pipe', 2, 8, 'except_last'),
       Setup('pipe', 2, 8, 'never'),
   ]
-
-
-def _Quiet() -> None:
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 
 # ---- step time -------------------------------------------------------------
