@@ -149,11 +149,16 @@ class Runner:
           os.path.join(self._logdir, name))
     return self._writers[name]
 
-  def _Batches(self, dataset: str) -> Optional[Iterator[Any]]:
+  def _Dataset(self, dataset: str) -> Optional[Any]:
+    """The tf.data.Dataset of `<dataset>_input`; None if there is none."""
     input_p = self._p.Get(f'{dataset}_input')
     if input_p is None:
       return None
-    return iter(input_p.Instantiate().GetDataset())
+    return input_p.Instantiate().GetDataset()
+
+  def _Batches(self, dataset: str) -> Optional[Iterator[Any]]:
+    data = self._Dataset(dataset)
+    return None if data is None else iter(data)
 
   def WriteTimelines(self) -> List[str]:
     """pipeline_<layer>.svg in the logdir for each PipeliningLayer."""
@@ -190,10 +195,9 @@ class Runner:
     from lingvo_pipe.core import progress  # pylint: disable=g-import-not-at-top
     from lingvo_pipe.core import checkpointer  # pylint: disable=g-import-not-at-top
     tp = self._p.task.train
-    input_p = self._p.Get('train_input')
-    if input_p is None:
+    dataset = self._Dataset('train')
+    if dataset is None:
       raise TrainingStopped('The model has no Train() input; define it.')
-    dataset = input_p.Instantiate().GetDataset()
     if tp.checkpoint_input:
       # Checkpoints of the trainer then also hold the input's position.
       self._ckpt = checkpointer.Checkpointer(

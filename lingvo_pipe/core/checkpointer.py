@@ -21,6 +21,11 @@ import tensorflow as tf
 _INPUT_KEY = 'train_input_position'
 
 
+def _FirstLine(err: Exception) -> str:
+  """The first line of an error's message, or its type's name."""
+  return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 class Checkpointer:
   """Saves and restores a flat {name: variable} dict under `directory`.
 
@@ -75,7 +80,7 @@ class Checkpointer:
             tf.errors.UnimplementedError) as err:
       if self._with_input is None:
         raise
-      first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+      first = _FirstLine(err)
       logging.warning(
           'The train input cannot be checkpointed (%s); checkpoints hold '
           'the variables only and a resumed run starts the input over.',
@@ -109,7 +114,7 @@ class Checkpointer:
         self.Restore(path)
       except Exception as err:  # pylint: disable=broad-except
         # A damaged file fails in many ways (OpError, IndexError, ...).
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = _FirstLine(err)
         errors.append(f'{os.path.basename(path)}: {first}')
         logging.warning('Checkpoint %s cannot be restored (%s); trying '
                         'an older one.', path, first)
@@ -141,7 +146,7 @@ class Checkpointer:
       except (tf.errors.OpError, AssertionError, ValueError) as err:
         # Most likely the input pipeline changed since the save. The
         # failed restore may have cancelled the iterator: make a new one.
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = _FirstLine(err)
         logging.warning('The input position in %s cannot be restored (%s); '
                         'the input starts over.', path, first)
         self._NewIterator()
