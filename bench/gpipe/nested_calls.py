@@ -82,6 +82,7 @@ def MeasureBuild(variant: str, num_layers: int, m: int) -> str:
 
 def MeasureSteps(num_layers: int, m: int, rounds: int) -> str:
   """Median step seconds of every variant, interleaved in one process."""
+  import stack as stack_lib  # pylint: disable=g-import-not-at-top
   steps = {}
   for variant in VARIANTS:
     step, inputs = Build(variant, num_layers, m)
@@ -89,12 +90,10 @@ def MeasureSteps(num_layers: int, m: int, rounds: int) -> str:
     step(inputs)[0].numpy()
     steps[variant] = step
   times = {variant: [] for variant in VARIANTS}
-  for r in range(rounds):
-    for i in range(len(VARIANTS)):
-      variant = VARIANTS[(r + i) % len(VARIANTS)]
-      begin = time.perf_counter()
-      steps[variant](inputs)[0].numpy()
-      times[variant].append(time.perf_counter() - begin)
+  for variant in stack_lib.Rotations(VARIANTS, rounds):
+    begin = time.perf_counter()
+    steps[variant](inputs)[0].numpy()
+    times[variant].append(time.perf_counter() - begin)
   return '  '.join(f'{v} {statistics.median(t):.3f} s'
                    for v, t in times.items())
 

@@ -122,13 +122,11 @@ def MeasureTimes(stack: stack_lib.Stack, setups: Sequence[Setup],
         print(f'  {t:6s} {built["label"]}: traced in {built["trace"]:.1f} s, '
               f'first step {built["first"]:.1f} s', flush=True)
     order = [(t, s.label) for t in THREADS for s in setups]
-    for r in range(steps):
-      for i in range(len(order)):
-        t, label = order[(r + i) % len(order)]
-        children[t].stdin.write(label + '\n')
-        step = json.loads(_Read(children[t], t, logs[t]))
-        out[t][label]['times'].append(step['wall'])
-        out[t][label]['cpu'].append(step['cpu'])
+    for t, label in stack_lib.Rotations(order, steps):
+      children[t].stdin.write(label + '\n')
+      step = json.loads(_Read(children[t], t, logs[t]))
+      out[t][label]['times'].append(step['wall'])
+      out[t][label]['cpu'].append(step['cpu'])
   finally:
     for child in children.values():
       if child.poll() is None:

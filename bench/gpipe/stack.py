@@ -24,7 +24,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from typing import Callable, List, Optional, Tuple
+from typing import (Callable, Iterator, List, Optional, Sequence, Tuple,
+                    TypeVar)
 
 import tensorflow as tf
 
@@ -122,6 +123,19 @@ def _Forward(layer: base_layer.BaseLayer, setup: Setup,
 
 
 StepFn = Callable[[NestedMap], Tuple[tf.Tensor, List[tf.Tensor]]]
+_T = TypeVar('_T')
+
+
+def Rotations(items: Sequence[_T], rounds: int) -> Iterator[_T]:
+  """Every item once per round, starting one further along each round.
+
+  The benchmarks' interleaving: a change of machine load during a run
+  hits every item alike.
+  """
+  for r in range(rounds):
+    for i in range(len(items)):
+      yield items[(r + i) % len(items)]
+
 
 
 def StepFunction(layer: base_layer.BaseLayer, setup: Setup,
