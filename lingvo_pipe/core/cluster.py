@@ -9,13 +9,26 @@ runs on worker task k:
                    --gRPC--> worker task 1: partition 1 ...
 
 TensorFlow's runtime moves the activations between tasks (Send/Recv).
+
+A worker needs at least two inter-op threads for the partitions to overlap:
+with one (a server pinned to one core gets one by default) its executor
+runs a partition's micro-batches back to back on that thread and the
+sends of finished micro-batches wait until the last one is done, so the
+workers take turns (docs/DESIGN.md section 15). `StartServer` sees to it.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, List
 
 import tensorflow as tf
+
+from lingvo_pipe.core import devices
+from lingvo_pipe.core import pipeline_run
+
+# What TensorFlow reads for its default inter-op thread count.
+_INTER_OP_ENV = 'TF_NUM_INTEROP_THREADS'
 
 
 def ParseClusterSpec(text: str) -> tf.train.ClusterSpec:
@@ -45,8 +58,28 @@ def StartServer(spec: tf.train.ClusterSpec, job: str,
     raise ValueError(
         f'Task {task_index} of job {job!r} is not in the cluster spec '
         f'{spec.as_dict()}; fix --task_index or --cluster_spec.')
+  EnsureInterOpThreads()
   return tf.distribute.Server(spec, job_name=job, task_index=task_index,
                               start=True)
+
+
+def EnsureInterOpThreads(minimum: int = 2) -> int:
+  """Gives this process's TF servers at least `minimum` inter-op threads.
+
+  A worker's executors take their thread count from the client's config,
+  where 0 (the default) means the worker's own default: its number of
+  cores, so 1 for a server pinned to one core. This sets that default
+  (TF_NUM_INTEROP_THREADS, read when the server starts) to `minimum` when
+  the process may use fewer cores and the user has not set it. Returns
+  the count the server will use by default.
+  """
+  if os.environ.get(_INTER_OP_ENV):
+    return int(os.environ[_INTER_OP_ENV])
+  cores = devices.NumCores()
+  if cores < minimum:
+    os.environ[_INTER_OP_ENV] = str(minimum)
+    return minimum
+  return cores
 
 
 def Connect(spec: tf.train.ClusterSpec, job: str = 'worker') -> List[str]:
@@ -56,6 +89,7 @@ def Connect(spec: tf.train.ClusterSpec, job: str = 'worker') -> List[str]:
   """
   if job not in spec.jobs:
     raise ValueError(f'The cluster spec {spec.as_dict()} has no job {job!r}.')
+  pipeline_run.ShareCallBodies()  # before connecting: workers get it too
   tf.config.experimental_connect_to_cluster(spec)
   remote = [tf.DeviceSpec.from_string(d.name)
             for d in tf.config.list_logical_devices()]

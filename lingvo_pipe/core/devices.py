@@ -14,6 +14,8 @@ from typing import List
 
 import tensorflow as tf
 
+from lingvo_pipe.core import pipeline_run
+
 
 def NumCores() -> int:
   """CPU cores this process may run on."""
@@ -37,6 +39,7 @@ def SplitCpu(num_devices: int, share_cores: bool = True) -> List[str]:
   """
   if num_devices < 1:
     raise ValueError(f'SplitCpu needs num_devices >= 1, got {num_devices}.')
+  pipeline_run.ShareCallBodies()
   cpu = tf.config.list_physical_devices('CPU')[0]
   current = tf.config.get_logical_device_configuration(cpu)
   if current is None or len(current) < num_devices:

@@ -1,49 +1,83 @@
 """One pipelined FProp and its gradient: the tasks of `schedule.py` as ops.
 
+Each partition's work is traced once per FProp, as `tf.function`s that
+the schedule then calls once per micro-batch, so the graph has K x M call
+ops instead of K x M copies of the layers (docs/DESIGN.md section 2):
+
+  Forward_k(theta_k, x) -> y                 partition k's cell
+  Backward_k(theta_k, x, dy) -> dx, dtheta   re-computes the cell under a
+                                             tape, then its gradient
+  Accumulate_k(acc, dtheta) -> acc + dtheta
+
 `PipelineRun.Call(leaves)` is a `tf.custom_gradient` function of the input
 tensors and every partition's theta tensors:
 
   forward:   split inputs into M micro-batches (device 0)
              for each F(k, m) in schedule order:
-               on device k, after F(k, m-1):  y[k][m] = cell_k(x[k][m])
-               (under a tape if partition k keeps its activations)
+               on device k, after F(k, m-1):  y[k][m] = Forward_k(x[k][m])
+               (under a tape if partition k keeps its activations: TF then
+               calls a forward that also returns the activations the
+               backward needs)
              concat y[K-1][*] (device K-1)
   backward:  split dy into M (device K-1)
              for each B(k, m) in schedule order:
                on device k, after B(k, m+1):
-                 kept tape, or (once dy[k][m] is also here) re-compute
-                 cell_k(x[k][m]) under a new tape
-                 dx[k][m], dtheta = gradient(y, [x, theta_k], dy[k][m])
-                 acc_k = dtheta (m = M-1), else acc_k + dtheta
+                 kept tape: dx, dtheta = gradient(y, [x, theta_k], dy)
+                 else, once dy[k][m] is also here:
+                   dx, dtheta = Backward_k(theta_k, x[k][m], dy[k][m])
+                 acc_k = dtheta (m = M-1), else Accumulate_k(acc_k, dtheta)
              concat dx[0][*] (device 0)
 
 "after" is a control dependency on the previous task of the same device,
 so each device runs its tasks in schedule order whatever the executor
-would prefer. Re-computation traces the cell under `NoStatUpdates`, so
-statistics (BatchNorm) are accumulated once per micro-batch.
+would prefer. Backward_k traces the cell under `NoStatUpdates`, so
+statistics (BatchNorm) are accumulated once per micro-batch. The
+functions are marked `_noinline`: the runtime runs each call as one
+function instead of pasting K x M copies of the layers back into the
+graph, so start-up does not grow with M either.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from lingvo_pipe.core import schedule
+
+# Function attributes of every partition function (see module docstring).
+_FUNCTION_ATTRIBUTES = {'_noinline': True}
+
+
+def ShareCallBodies() -> None:
+  """Stops Grappler from copying a partition function for each call.
+
+  Grappler's function optimizer specialises a non-inlined call to its call
+  site (when an input is a constant or an output goes unused), and calls
+  that differ get their own copy of the body, each instantiated and
+  optimised on the first step: start-up then grows with M again
+  (docs/DESIGN.md section 2). This turns that optimizer off for the
+  process; the runtime still inlines every ordinary (not `_noinline`)
+  function call. `devices.SplitCpu`, `cluster.Connect` and the trainer
+  call it; call it yourself before the first step of your own loop.
+  """
+  tf.config.optimizer.set_experimental_options(
+      {'function_optimization': False})
+
+
+def CallBodiesShared() -> bool:
+  """Whether `ShareCallBodies` is in force."""
+  return tf.config.optimizer.get_experimental_options().get(
+      'function_optimization') is False
 
 
 def _IsFloat(x: tf.Tensor) -> bool:
   return x.dtype.is_floating or x.dtype.is_complex
 
 
-def _After(deps: Sequence[tf.Tensor], xs: Sequence[Optional[tf.Tensor]]
-           ) -> List[Optional[tf.Tensor]]:
-  """`xs` through identities that run only after `deps` (graph mode)."""
-  if not deps or tf.executing_eagerly():
-    return list(xs)
-  with tf.control_dependencies(list(deps)):
-    return [None if x is None else tf.identity(x, name='after')
-            for x in xs]
+def _After(deps: Sequence[tf.Tensor]) -> Any:
+  """A scope whose ops run only after the ops producing `deps`."""
+  return tf.control_dependencies(list(deps))
 
 
 def _FirstLine(err: Exception) -> str:
@@ -53,6 +87,18 @@ def _FirstLine(err: Exception) -> str:
 
 def _Shapes(structure: Any) -> str:
   return str(tf.nest.map_structure(lambda t: t.shape.as_list(), structure))
+
+
+def _OnDevice(fn: Callable[..., Any], device: str) -> Callable[..., Any]:
+  """`fn` as a non-inlined tf.function whose every op is on `device`."""
+
+  def Body(*args):
+    with tf.device(device):
+      return fn(*args)
+
+  Body.__name__ = fn.__name__
+  return tf.function(Body, autograph=False,
+                     experimental_attributes=_FUNCTION_ATTRIBUTES)
 
 
 class PipelineRun:
@@ -76,6 +122,38 @@ class PipelineRun:
     # Full-batch outputs, and each device's last forward task's outputs.
     self._outputs: List[tf.Tensor] = []
     self._last_forward: Dict[int, List[tf.Tensor]] = {}
+    self._forward_fns = [_OnDevice(self._ForwardFn(k), d)
+                         for k, d in enumerate(self._devices)]
+    self._backward_fns = [_OnDevice(self._BackwardFn(k), d)
+                          for k, d in enumerate(self._devices)]
+    self._accumulate_fns = [_OnDevice(_Accumulate, d) for d in self._devices]
+
+  # ---- the partition functions ------------------------------------------
+
+  def _ForwardFn(self, k: int) -> Callable[..., Any]:
+    def Forward(theta_leaves, x):
+      y = self._CallCell(
+          k, self._cells[k],
+          tf.nest.pack_sequence_as(self._thetas[k], list(theta_leaves)),
+          tf.nest.pack_sequence_as(self._structures[k], list(x)))
+      self._structures[k + 1] = y
+      return tf.nest.flatten(y)
+    Forward.__name__ = f'cell_{k}_forward'
+    return Forward
+
+  def _BackwardFn(self, k: int) -> Callable[..., Any]:
+    def Backward(theta_leaves, x, dy):
+      theta_leaves, x = list(theta_leaves), list(x)
+      tape = tf.GradientTape(watch_accessed_variables=False)
+      with tape, self._cells[k].NoStatUpdates():
+        tape.watch([t for t in x + theta_leaves if _IsFloat(t)])
+        y = self._CallCell(
+            k, self._cells[k],
+            tf.nest.pack_sequence_as(self._thetas[k], theta_leaves),
+            tf.nest.pack_sequence_as(self._structures[k], x))
+      return _Gradients(tape, y, list(dy), x, theta_leaves)
+    Backward.__name__ = f'cell_{k}_backward'
+    return Backward
 
   # ---- forward ---------------------------------------------------------
 
@@ -129,40 +207,36 @@ class PipelineRun:
                thetas: List[List[tf.Tensor]]) -> List[tf.Tensor]:
     micro = self._Split(xs, self._devices[0])
     state = {(0, m): micro[m] for m in range(self._m)}
-    structure = self._structures
     last_on_device = self._last_forward
     outputs = [None] * self._m
     for task in schedule.GPipeSchedule(self._k, self._m, backward=False):
       k, m = task.partition, task.micro_batch
       with tf.device(self._devices[k]), tf.name_scope(f'cell_{k}/fwd_{m}'):
-        x = _After(last_on_device.get(k, []), state.pop((k, m)))
+        x = state.pop((k, m))
         self._x[(k, m)] = x
-        y = self._RunCell(k, m, thetas[k], structure[k], x,
-                          keep_tape=self._layer._KeepsActivations(k))  # pylint: disable=protected-access
-      structure[k + 1] = y
-      y_leaves = tf.nest.flatten(y)
+        with _After(last_on_device.get(k, [])):
+          y_leaves = self._RunForward(
+              k, m, thetas[k], x,
+              keep_tape=self._layer._KeepsActivations(k))  # pylint: disable=protected-access
       self._CheckBatch(k, m, y_leaves)
       last_on_device[k] = y_leaves
       if k + 1 < self._k:
         state[(k + 1, m)] = y_leaves
       else:
         outputs[m] = y_leaves
-    self._out_structure = structure[self._k]
+    self._out_structure = self._structures[self._k]
     self._outputs = self._Concat(outputs, self._devices[-1])
     return self._outputs
 
-  def _RunCell(self, k: int, m: int, theta_leaves: List[tf.Tensor],
-               in_structure: Any, x: List[tf.Tensor], keep_tape: bool,
-               ) -> Any:
-    cell = self._cells[k]
-    theta = tf.nest.pack_sequence_as(self._thetas[k], theta_leaves)
-    inputs = tf.nest.pack_sequence_as(in_structure, x)
+  def _RunForward(self, k: int, m: int, theta_leaves: List[tf.Tensor],
+                  x: List[tf.Tensor], keep_tape: bool) -> List[tf.Tensor]:
+    forward = self._forward_fns[k]
     if not keep_tape:
-      return self._CallCell(k, cell, theta, inputs)
+      return list(forward(theta_leaves, x))
     tape = tf.GradientTape(watch_accessed_variables=False)
     with tape:
       tape.watch([t for t in x + theta_leaves if _IsFloat(t)])
-      y = self._CallCell(k, cell, theta, inputs)
+      y = list(forward(theta_leaves, x))
     self._tapes[(k, m)] = (tape, y)
     return y
 
@@ -191,11 +265,11 @@ class PipelineRun:
 
   def _Backward(self, dys: List[Optional[tf.Tensor]],
                 thetas: List[List[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
+    # An output without a gradient (None) stays None: it contributes
+    # nothing, and a zero tensor here would be a constant that Grappler
+    # specialises every call of the last partition's backward for.
     last = self._devices[-1]
-    with tf.device(last):
-      dys = [None if not _IsFloat(y) else
-             tf.zeros_like(y) if dy is None else dy
-             for dy, y in zip(dys, self._outputs)]
+    dys = [dy if _IsFloat(y) else None for dy, y in zip(dys, self._outputs)]
     micro_dy = self._Split(dys, last)
     dstate = {(self._k - 1, m): micro_dy[m] for m in range(self._m)}
     acc: List[Optional[List[Optional[tf.Tensor]]]] = [None] * self._k
@@ -208,8 +282,7 @@ class PipelineRun:
       with tf.device(self._devices[k]), tf.name_scope(f'cell_{k}/bwd_{m}'):
         dx, dtheta = self._BackwardTask(
             k, m, thetas[k], dstate.pop((k, m)), last_on_device[k])
-        acc[k] = dtheta if acc[k] is None else [
-            a if g is None else a + g for a, g in zip(acc[k], dtheta)]
+        acc[k] = dtheta if acc[k] is None else self._Add(k, acc[k], dtheta)
       last_on_device[k] = [t for t in dx + acc[k] if t is not None]
       if k > 0:
         dstate[(k - 1, m)] = dx
@@ -217,6 +290,19 @@ class PipelineRun:
         dx0[m] = dx
     dxs = self._Concat(dx0, self._devices[0])
     return dxs + [g for part in acc for g in part]
+
+  def _Add(self, k: int, acc: List[Optional[tf.Tensor]],
+           dtheta: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
+    """acc + dtheta leaf by leaf, in one call; None leaves stay None."""
+    where = [i for i, g in enumerate(dtheta) if g is not None]
+    if not where:
+      return list(acc)
+    sums = self._accumulate_fns[k]([acc[i] for i in where],
+                                   [dtheta[i] for i in where])
+    out = list(acc)
+    for i, s in zip(where, sums):
+      out[i] = s
+    return out
 
   def _BackwardTask(self, k: int, m: int, theta_leaves: List[tf.Tensor],
                     dy: List[Optional[tf.Tensor]], after: List[tf.Tensor],
@@ -227,25 +313,36 @@ class PipelineRun:
     kept = self._tapes.pop((k, m), None)
     if kept is not None:
       tape, y = kept
-      dy = _After(after, dy)
-    else:
-      # Re-compute only once this device's previous backward is done AND
-      # the gradient from partition k+1 is here: otherwise the executor
-      # may re-compute while partition k+1 is still busy and hold this
-      # partition's activations meanwhile.
-      x = _After(list(after) + [d for d in dy if d is not None], x)
-      tape = tf.GradientTape(watch_accessed_variables=False)
-      with tape, self._cells[k].NoStatUpdates():
-        tape.watch([t for t in x + theta_leaves if _IsFloat(t)])
-        y = self._CallCell(
-            k, self._cells[k],
-            tf.nest.pack_sequence_as(self._thetas[k], theta_leaves),
-            tf.nest.pack_sequence_as(self._structures[k], x))
-    pairs = [(t, d) for t, d in zip(tf.nest.flatten(y), dy) if _IsFloat(t)]
-    sources = [t for t in x + theta_leaves if _IsFloat(t)]
-    grads = iter(tape.gradient(
-        [t for t, _ in pairs], sources,
-        output_gradients=[d for _, d in pairs],
-        unconnected_gradients=tf.UnconnectedGradients.ZERO))
-    full = [next(grads) if _IsFloat(t) else None for t in x + theta_leaves]
-    return full[:len(x)], full[len(x):]
+      with _After(after):
+        dy = [None if d is None else tf.identity(d, name='after')
+              for d in dy]
+      return _Gradients(tape, y, dy, x, theta_leaves)
+    # Re-compute only once this device's previous backward is done AND
+    # the gradient from partition k+1 is here (a data input of the call):
+    # otherwise the executor may re-compute while partition k+1 is still
+    # busy and hold this partition's activations meanwhile.
+    with _After(after):
+      dx, dtheta = self._backward_fns[k](theta_leaves, x, dy)
+    return list(dx), list(dtheta)
+
+
+def _Accumulate(acc, dtheta):
+  return [a + g for a, g in zip(acc, dtheta)]
+
+
+def _Gradients(tape: tf.GradientTape, y: Any, dy: List[Optional[tf.Tensor]],
+               x: List[tf.Tensor], theta_leaves: List[tf.Tensor],
+               ) -> Tuple[List[Optional[tf.Tensor]], List[Optional[tf.Tensor]]]:
+  """(d x, d theta) from a tape over y = cell(theta, x); None if not float.
+
+  Outputs whose gradient `dy` is None contribute nothing and are left out.
+  """
+  pairs = [(t, d) for t, d in zip(tf.nest.flatten(y), dy)
+           if _IsFloat(t) and d is not None]
+  sources = [t for t in x + theta_leaves if _IsFloat(t)]
+  grads = iter(tape.gradient(
+      [t for t, _ in pairs], sources,
+      output_gradients=[d for _, d in pairs],
+      unconnected_gradients=tf.UnconnectedGradients.ZERO))
+  full = [next(grads) if _IsFloat(t) else None for t in x + theta_leaves]
+  return full[:len(x)], full[len(x):]

@@ -23,6 +23,7 @@ from lingvo_pipe.core import dropout  # noqa: E402
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
 from lingvo_pipe.core import normalization  # noqa: E402
+from lingvo_pipe.core import pipeline_run  # noqa: E402
 from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
 
 DIM = 3
@@ -121,6 +122,27 @@ def _Device(name):
   if spec.job in (None, 'localhost'):
     spec = spec.replace(job=None, replica=None, task=None)
   return spec.to_string()
+
+
+def _CalledFunction(op):
+  """Name of the function a call op runs, or ''."""
+  if op.type not in ('PartitionedCall', 'StatefulPartitionedCall'):
+    return ''
+  return op.get_attr('f').name
+
+
+def _FunctionNodes(op, library):
+  """Every node_def of the function `op` calls and of those it calls."""
+  todo, seen = [_CalledFunction(op)], set()
+  while todo:
+    name = todo.pop()
+    if not name or name in seen or name not in library:
+      continue
+    seen.add(name)
+    for node in library[name].node_def:
+      yield node
+      if 'f' in node.attr:
+        todo.append(node.attr['f'].func.name)
 
 
 def _PairedVariables(pipe, ref):
@@ -337,14 +359,25 @@ class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
       for var in cell.vars.Flatten():
         self.assertEqual(_Device(var.device), _Device(pipe.devices[k]))
     graph = self._TrainGraph(pipe)
-    seen = set()
+    library = {f.signature.name: f
+               for f in graph.as_graph_def().library.function}
+    seen, bodies = set(), 0
     for op in graph.get_operations():
       for k in range(4):
         if f'cell_{k}/' in op.name:
           seen.add((k, 'bwd' if '/bwd_' in op.name else 'fwd'))
           self.assertEqual(_Device(op.device), _Device(pipe.devices[k]),
                            f'{op.name} ({op.type})')
+          # The ops inside a partition function run on device k too: on
+          # it by name, or unnamed and so on the device of the call.
+          for node in _FunctionNodes(op, library):
+            bodies += 1
+            if node.device:
+              self.assertEqual(_Device(node.device),
+                               _Device(pipe.devices[k]),
+                               f'{op.name} calls {node.name} ({node.op})')
     self.assertEqual(seen, {(k, d) for k in range(4) for d in ('fwd', 'bwd')})
+    self.assertGreater(bodies, 0)
 
   @parameterized.parameters(*gpipe.RECOMPUTE_MODES)
   def testActivationsKeptOnlyWithoutRecompute(self, recompute):
@@ -367,16 +400,47 @@ class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(kept, expect)
 
   def testRecomputationWaitsForItsGradient(self):
-    """B(0, m) re-computes only after B(1, m) has produced its dy."""
+    """B(0, m) re-computes only after B(1, m) has produced its dy.
+
+    The re-computation runs inside B(0, m)'s call, so the call must take
+    an input from B(1, m) (a data input cannot be ready earlier).
+    """
     graph = self._TrainGraph(_Pipeline(2, 2, 'always'))
     for m in (0, 1):
-      gates = [op for op in graph.get_operations()
-               if op.name.startswith(f'cell_0/bwd_{m}/after')]
-      self.assertNotEmpty(gates, f'no re-computation gate in B(0, {m})')
-      for gate in gates:
-        deps = [dep.name for dep in gate.control_inputs]
-        self.assertTrue(any(f'cell_1/bwd_{m}/' in d for d in deps),
-                        f'{gate.name} runs before B(1, {m}): {deps}')
+      calls = [op for op in graph.get_operations()
+               if op.name.startswith(f'cell_0/bwd_{m}/') and
+               'backward' in _CalledFunction(op)]
+      self.assertLen(calls, 1, f'B(0, {m}) has no backward call')
+      sources = [t.op.name for t in calls[0].inputs]
+      self.assertTrue(any(f'cell_1/bwd_{m}/' in src for src in sources),
+                      f'B(0, {m}) can run before B(1, {m}): {sources}')
+
+  @parameterized.parameters(*gpipe.RECOMPUTE_MODES)
+  def testGraphDoesNotGrowWithMicroBatches(self, recompute):
+    """Each partition is traced once: M only adds calls, not layers."""
+
+    def Count(m):
+      graph = self._TrainGraph(_Pipeline(2, m, recompute))
+      library = graph.as_graph_def().library.function
+      calls = [op for op in graph.get_operations()
+               if _CalledFunction(op).startswith('__inference_cell_')]
+      return (len(graph.get_operations()), sum(len(f.node_def)
+                                               for f in library), calls)
+
+    self.assertTrue(pipeline_run.CallBodiesShared())  # by SplitCpu
+    ops_2, body_2, calls_2 = Count(2)
+    ops_8, body_8, calls_8 = Count(8)
+    # One body per partition function, not one per micro-batch (the
+    # bodies differ by a few shape-dependent ops between M=2 and 8).
+    self.assertLess(body_8, 1.1 * body_2)
+    # Four times the micro-batches: four times the calls, and the graph
+    # outside the bodies grows by no more than a few ops per task.
+    self.assertLen(calls_8, 4 * len(calls_2))
+    if recompute == 'always':
+      self.assertLess(ops_8 - ops_2, 40 * (len(calls_8) - len(calls_2)))
+    # Known gap: a partition that keeps its activations gets its gradient
+    # from TF's own function gradient, which adds a zero tensor (3 ops)
+    # per kept activation to each backward task (docs/DESIGN.md 2).
 
 
 class ErrorTest(tf.test.TestCase):
