@@ -230,13 +230,20 @@ class PipelineRun:
 
   def _RunForward(self, k: int, m: int, theta_leaves: List[tf.Tensor],
                   x: List[tf.Tensor], keep_tape: bool) -> List[tf.Tensor]:
-    forward = self._forward_fns[k]
     if not keep_tape:
-      return list(forward(theta_leaves, x))
+      return list(self._forward_fns[k](theta_leaves, x))
+    # A partition that keeps its activations runs its cell inline (the
+    # graph grows with M for it): through a function call, TF's gradient
+    # of the call made the step 44% slower (docs/DESIGN.md section 2).
     tape = tf.GradientTape(watch_accessed_variables=False)
     with tape:
       tape.watch([t for t in x + theta_leaves if _IsFloat(t)])
-      y = list(forward(theta_leaves, x))
+      out = self._CallCell(
+          k, self._cells[k],
+          tf.nest.pack_sequence_as(self._thetas[k], theta_leaves),
+          tf.nest.pack_sequence_as(self._structures[k], x))
+    self._structures[k + 1] = out
+    y = tf.nest.flatten(out)
     self._tapes[(k, m)] = (tape, y)
     return y
 

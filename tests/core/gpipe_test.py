@@ -438,9 +438,9 @@ class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(calls_8, 4 * len(calls_2))
     if recompute == 'always':
       self.assertLess(ops_8 - ops_2, 40 * (len(calls_8) - len(calls_2)))
-    # Known gap: a partition that keeps its activations gets its gradient
-    # from TF's own function gradient, which adds a zero tensor (3 ops)
-    # per kept activation to each backward task (docs/DESIGN.md 2).
+    # Known gap: a partition that keeps its activations (never, and the
+    # last one with except_last) still runs its cell inline, so for it
+    # the graph grows with M (docs/DESIGN.md section 2).
 
 
 class ErrorTest(tf.test.TestCase):
