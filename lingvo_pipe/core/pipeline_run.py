@@ -15,9 +15,8 @@ tensors and every partition's theta tensors:
   forward:   split inputs into M micro-batches (device 0)
              for each F(k, m) in schedule order:
                on device k, after F(k, m-1):  y[k][m] = Forward_k(x[k][m])
-               (under a tape if partition k keeps its activations: TF then
-               calls a forward that also returns the activations the
-               backward needs)
+               (if partition k keeps its activations: its cell inline,
+               under a tape kept until B(k, m))
              concat y[K-1][*] (device K-1)
   backward:  split dy into M (device K-1)
              for each B(k, m) in schedule order:
@@ -132,12 +131,7 @@ class PipelineRun:
 
   def _ForwardFn(self, k: int) -> Callable[..., Any]:
     def Forward(theta_leaves, x):
-      y = self._CallCell(
-          k, self._cells[k],
-          tf.nest.pack_sequence_as(self._thetas[k], list(theta_leaves)),
-          tf.nest.pack_sequence_as(self._structures[k], list(x)))
-      self._structures[k + 1] = y
-      return tf.nest.flatten(y)
+      return self._Cell(k, list(theta_leaves), list(x))
     Forward.__name__ = f'cell_{k}_forward'
     return Forward
 
@@ -147,10 +141,7 @@ class PipelineRun:
       tape = tf.GradientTape(watch_accessed_variables=False)
       with tape, self._cells[k].NoStatUpdates():
         tape.watch([t for t in x + theta_leaves if _IsFloat(t)])
-        y = self._CallCell(
-            k, self._cells[k],
-            tf.nest.pack_sequence_as(self._thetas[k], theta_leaves),
-            tf.nest.pack_sequence_as(self._structures[k], x))
+        y = self._Cell(k, theta_leaves, x)
       return _Gradients(tape, y, list(dy), x, theta_leaves)
     Backward.__name__ = f'cell_{k}_backward'
     return Backward
@@ -238,18 +229,17 @@ class PipelineRun:
     tape = tf.GradientTape(watch_accessed_variables=False)
     with tape:
       tape.watch([t for t in x + theta_leaves if _IsFloat(t)])
-      out = self._CallCell(
-          k, self._cells[k],
-          tf.nest.pack_sequence_as(self._thetas[k], theta_leaves),
-          tf.nest.pack_sequence_as(self._structures[k], x))
-    self._structures[k + 1] = out
-    y = tf.nest.flatten(out)
+      y = self._Cell(k, theta_leaves, x)
     self._tapes[(k, m)] = (tape, y)
     return y
 
-  def _CallCell(self, k: int, cell: Any, theta: Any, inputs: Any) -> Any:
+  def _Cell(self, k: int, theta_leaves: List[tf.Tensor],
+            x: List[tf.Tensor]) -> List[tf.Tensor]:
+    """Partition k's cell on flat leaves; records its output structure."""
+    inputs = tf.nest.pack_sequence_as(self._structures[k], x)
     try:
-      return cell.FProp(theta, inputs)
+      out = self._cells[k].FProp(
+          tf.nest.pack_sequence_as(self._thetas[k], theta_leaves), inputs)
     except (ValueError, TypeError, tf.errors.InvalidArgumentError) as err:
       source = ('the pipeline inputs' if k == 0 else
                 f"the output of partition {k - 1} ('cell_{k - 1}')")
@@ -257,6 +247,8 @@ class PipelineRun:
           f"PipeliningLayer '{self._layer.path}': partition {k} "
           f"('cell_{k}') cannot take {source} of shapes {_Shapes(inputs)}: "
           f'{_FirstLine(err)}') from err
+    self._structures[k + 1] = out
+    return tf.nest.flatten(out)
 
   def _CheckBatch(self, k: int, m: int, leaves: List[tf.Tensor]) -> None:
     want = self._x[(k, m)][0].shape[self._axis]
