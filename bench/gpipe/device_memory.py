@@ -19,7 +19,6 @@ threshold), and this process is the client that traces and runs the step
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,12 +31,6 @@ import stack as stack_lib  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-
-
-def _FreePort() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def _StartServers(spec: str, num: int) -> List[subprocess.Popen]:
@@ -65,7 +58,7 @@ def Measure(stack: stack_lib.Stack, setup: stack_lib.Setup,
             steps: int) -> dict:
   """Per server: base and activation MiB (module docstring)."""
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
-  spec = ','.join(f'127.0.0.1:{_FreePort()}' for _ in range(setup.k))
+  spec = ','.join(f'127.0.0.1:{proc.FreePort()}' for _ in range(setup.k))
   servers = _StartServers(f'worker={spec}', setup.k)
   try:
     devices = cluster.Connect(cluster.ParseClusterSpec(f'worker={spec}'))

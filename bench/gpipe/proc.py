@@ -1,9 +1,12 @@
-"""A process's resident memory from /proc (Linux), for the benchmarks.
+"""Process helpers for the benchmarks (Linux): memory from /proc, ports.
 
 `pid` is a process id or 'self'. VmRSS is the resident set now, VmHWM its
 high-water mark; `ResetPeak` sets the mark back to the current RSS.
+`FreePort` is a TCP port on 127.0.0.1 that was free a moment ago, for a
+server subprocess.
 """
 
+import socket
 from typing import Union
 
 Pid = Union[int, str]
@@ -22,3 +25,9 @@ def ResetPeak(pid: Pid = 'self') -> None:
   """Sets the high-water mark (VmHWM, ru_maxrss) to the current RSS."""
   with open(f'/proc/{pid}/clear_refs', 'w') as f:
     f.write('5')
+
+
+def FreePort() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]

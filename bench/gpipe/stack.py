@@ -24,7 +24,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from typing import (Callable, Iterator, List, Optional, Sequence, Tuple,
+import time
+from typing import (Any, Callable, Iterator, List, Optional, Sequence, Tuple,
                     TypeVar)
 
 import tensorflow as tf
@@ -137,7 +138,6 @@ def Rotations(items: Sequence[_T], rounds: int) -> Iterator[_T]:
       yield items[(r + i) % len(items)]
 
 
-
 def StepFunction(layer: base_layer.BaseLayer, setup: Setup,
                  device: str) -> StepFn:
   """tf.function: inputs -> (loss, gradient of every variable)."""
@@ -154,6 +154,27 @@ def StepFunction(layer: base_layer.BaseLayer, setup: Setup,
       return loss, tape.gradient(loss, variables)
 
   return tf.function(Step, autograph=False)
+
+
+@dataclasses.dataclass
+class Prepared:
+  """A step function traced and warmed up, with what that took."""
+  fn: StepFn
+  concrete: Any  # the traced ConcreteFunction
+  trace: float  # seconds of get_concrete_function
+  first: float  # seconds of the first call (graph optimisation, one step)
+
+
+def Prepare(fn: StepFn, inputs: NestedMap, warmup: int) -> Prepared:
+  """Traces `fn`, then runs `warmup` steps, the first call being one."""
+  start = time.perf_counter()
+  concrete = fn.get_concrete_function(inputs)
+  traced = time.perf_counter()
+  fn(inputs)[0].numpy()
+  first = time.perf_counter()
+  for _ in range(warmup - 1):
+    fn(inputs)[0].numpy()
+  return Prepared(fn, concrete, traced - start, first - traced)
 
 
 def ChildArgs(description: str,

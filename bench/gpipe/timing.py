@@ -50,17 +50,10 @@ def main() -> None:
   for text in args.setups.split(';'):
     setup = stack_lib.Setup.FromText(text)
     layer = stack_lib.BuildModel(stack, setup, devs)
-    fn = stack_lib.StepFunction(layer, setup, devs[0])
-    start = time.perf_counter()
-    fn.get_concrete_function(inputs)
-    traced = time.perf_counter()
-    fn(inputs)[0].numpy()
-    first = time.perf_counter()
-    for _ in range(args.warmup - 1):
-      fn(inputs)[0].numpy()
-    fns[setup.label] = fn
-    _Say({'label': setup.label, 'trace': traced - start,
-          'first': first - traced})
+    ready = stack_lib.Prepare(stack_lib.StepFunction(layer, setup, devs[0]),
+                              inputs, args.warmup)
+    fns[setup.label] = ready.fn
+    _Say({'label': setup.label, 'trace': ready.trace, 'first': ready.first})
   _Say('ready')
   for line in sys.stdin:
     label = line.strip()

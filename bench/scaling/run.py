@@ -1,16 +1,15 @@
 """Scaling benchmark: pipeline throughput across processes, and start-up.
 
   .venv/bin/python bench/scaling/run.py [--what=all|throughput|startup]
-      [--steps=10] [--warmup=2] [--ks=1,2] [--ms=1,2,4] [--modes=never]
+      [--rounds=10] [--warmup=2] [--ks=1,2] [--ms=1,2,4] [--modes=never]
       [--json_out=FILE]
 
 throughput: 2 `tf.distribute.Server` workers on 127.0.0.1, worker i
-pinned to core i (`servers.py`), kept alive across configurations
-(restarted when one died, a client failed, or a server grew past
---server_rss_limit_mib). Per configuration (the stack of
-bench/gpipe/stack.py, K in 1, 2, M in 1 .. 32, recompute 'never' and
-'always'; partition k on task k) a fresh client process
-(`throughput.py`) times --steps steps after --warmup. Reported: median
+pinned to core i (`servers.py`), fresh for each recompute mode. One
+client process per mode (`throughput.py`) builds every configuration of
+it (the stack of bench/gpipe/stack.py, K in 1, 2, M in 1 .. 32;
+partition k on task k), warms each up (--warmup), then times --rounds
+rounds of one step of each, interleaved. Reported: median
 seconds per step; throughput = t(K=1, M=1) / t of the same mode; ideal =
 K*M / (M+K-1), the GPipe bubble's bound; measured / ideal; CPU seconds
 per step of each worker process; worker CPU / wall, how many cores' worth
@@ -21,8 +20,7 @@ startup: one process per configuration (`startup.py`), K logical CPUs
 8, 32: graph ops, trace and first-call seconds, time to the first
 finished step, step seconds, peak RSS; ops(M=32) / ops(M=8).
 
-One configuration runs at a time; nothing is interleaved. Tables go to
-stdout in markdown.
+One process measures at a time. Tables go to stdout in markdown.
 """
 
 from __future__ import annotations
@@ -90,12 +88,12 @@ def _RunChild(script: str, flags: List[str], timeout: float) -> dict:
 
 
 def _ClientFlags(workers: servers.Workers, stack: stack_lib.Stack,
-                 setup: Setup, args: argparse.Namespace) -> List[str]:
+                 setups: List[Setup], args: argparse.Namespace) -> List[str]:
   return [f'--cluster_spec={workers.spec}',
           '--worker_pids=' + ','.join(map(str, workers.pids)),
           f'--stack={json.dumps(dataclasses.asdict(stack))}',
-          f'--warmup={args.warmup}', f'--steps={args.steps}',
-          f'--setup={setup.ToText()}']
+          f'--warmup={args.warmup}', f'--rounds={args.rounds}',
+          '--setups=' + ';'.join(s.ToText() for s in setups)]
 
 
 def _ServerRssMiB(workers: servers.Workers) -> List[float]:
@@ -103,49 +101,52 @@ def _ServerRssMiB(workers: servers.Workers) -> List[float]:
 
 
 def _OneClient(workers: servers.Workers, stack: stack_lib.Stack,
-               setup: Setup, args: argparse.Namespace) -> dict:
-  """One configuration; on failure restarts the servers and tries again."""
+               setups: List[Setup], args: argparse.Namespace
+               ) -> Dict[str, dict]:
+  """All `setups` in one client on fresh workers; tried twice."""
   for attempt in (1, 2):
-    if not workers.Alive():
-      print('  (re)starting the workers', flush=True)
-      workers.Start()
+    workers.Start()
     try:
-      result = _RunChild('throughput.py',
-                         _ClientFlags(workers, stack, setup, args),
-                         args.timeout)
-      result['server_rss'] = _ServerRssMiB(workers)
-      result['server_start'] = workers.starts
-      if max(result['server_rss']) > args.server_rss_limit_mib:
-        workers.Stop()  # restarted before the next configuration
-      return result
+      results = _RunChild('throughput.py',
+                          _ClientFlags(workers, stack, setups, args),
+                          args.timeout)
+      rss = _ServerRssMiB(workers)
+      for r in results.values():
+        r['server_rss'] = rss
+      return results
     except ChildFailed as e:
-      print(f'  {setup.label}: attempt {attempt} failed: '
-            f'{str(e).splitlines()[-1]}', flush=True)
-      workers.Stop()
+      print(f'  attempt {attempt} failed: {str(e).splitlines()[-1]}',
+            flush=True)
       if attempt == 2:
-        return {'setup': setup.ToText(), 'error': str(e)}
+        return {s.label: {'setup': s.ToText(), 'error': str(e)}
+                for s in setups}
+    finally:
+      workers.Stop()
   raise AssertionError('unreachable')
 
 
 def MeasureThroughput(stack: stack_lib.Stack, ks: Sequence[int],
                       ms: Sequence[int], modes: Sequence[str],
                       args: argparse.Namespace) -> Dict[str, dict]:
-  """label -> throughput.py's record (or {'error'}), mode by mode."""
+  """label -> throughput.py's record (or {'error'}); one client per mode."""
   out = {}
   with tempfile.TemporaryDirectory(prefix='scaling_servers_') as logs:
-    with servers.Workers(max(ks), logs) as workers:
-      for mode in modes:
-        for k in ks:
-          for m in ms:
-            setup = Setup('pipe', k, m, mode)
-            start = time.time()
-            out[setup.label] = r = _OneClient(workers, stack, setup, args)
-            if 'error' not in r:
-              print(f'  {setup.label}: {statistics.median(r["times"]):.3f} '
-                    's/step, worker CPU s/step ' +
-                    ', '.join(f'{c:.3f}' for c in r['worker_cpu']) +
-                    f'; server RSS MiB {[round(x) for x in r["server_rss"]]}'
-                    f'; {time.time() - start:.0f} s', flush=True)
+    workers = servers.Workers(max(ks), logs)
+    for mode in modes:
+      start = time.time()
+      setups = [Setup('pipe', k, m, mode) for k in ks for m in ms]
+      results = _OneClient(workers, stack, setups, args)
+      out.update(results)
+      for label, r in results.items():
+        if 'error' not in r:
+          print(f'  {label}: {statistics.median(r["times"]):.3f} s/step, '
+                'worker CPU s/step ' +
+                ', '.join(f'{c:.3f}' for c in r['worker_cpu']) +
+                f'; traced in {r["trace"]:.1f} s, first call '
+                f'{r["first"]:.1f} s', flush=True)
+      print(f'  {mode}: {time.time() - start:.0f} s; server RSS MiB at the '
+            'end ' + str([round(x) for x in next(iter(
+                results.values())).get('server_rss', [])]), flush=True)
   return out
 
 
@@ -288,8 +289,9 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--what', default='all',
                       choices=('all', 'throughput', 'startup'))
-  parser.add_argument('--steps', type=int, default=10,
-                      help='Timed steps per throughput configuration.')
+  parser.add_argument('--rounds', type=int, default=10,
+                      help='Throughput: timed rounds, one step of every '
+                      'configuration each.')
   parser.add_argument('--warmup', type=int, default=2,
                       help='Untimed steps first (the first call is one).')
   parser.add_argument('--startup_steps', type=int, default=3,
@@ -306,8 +308,6 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
                       help='Also write every raw measurement here.')
   parser.add_argument('--timeout', type=float, default=1800,
                       help='Seconds one child process may take.')
-  parser.add_argument('--server_rss_limit_mib', type=float, default=4096,
-                      help='Restart the workers when one grows past this.')
   for field in dataclasses.fields(stack_lib.Stack):
     parser.add_argument(f'--{field.name}', type=int, default=field.default,
                         help='Throughput stack (and startup, except d, ff).')

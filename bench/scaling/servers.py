@@ -21,6 +21,7 @@ import time
 from typing import List, Optional
 
 import device_memory  # bench/gpipe
+import proc  # bench/gpipe
 
 REPO = device_memory.REPO
 
@@ -57,16 +58,12 @@ class Workers:
   def pids(self) -> List[int]:
     return [p.pid for p in self._procs]
 
-  def Alive(self) -> bool:
-    return bool(self._procs) and all(p.poll() is None for p in self._procs)
-
   def Start(self) -> None:
     """Stops any running servers, then starts `num` and waits for them."""
     self.Stop()
     self.starts += 1
     cores = sorted(os.sched_getaffinity(0))
-    free_port = device_memory._FreePort  # pylint: disable=protected-access
-    ports = [free_port() for _ in range(self._num)]
+    ports = [proc.FreePort() for _ in range(self._num)]
     self.spec = 'worker=' + ','.join(f'127.0.0.1:{p}' for p in ports)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
                PYTHONPATH=os.pathsep.join(

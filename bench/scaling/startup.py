@@ -52,21 +52,17 @@ def Measure(stack: stack_lib.Stack, setup: stack_lib.Setup,
   built = time.perf_counter()
   inputs = stack_lib.Inputs(stack)
   step = stack_lib.StepFunction(layer, setup, devs[0])
-  before_trace = time.perf_counter()
-  cf = step.get_concrete_function(inputs)
-  traced = time.perf_counter()
-  step(inputs)[0].numpy()
-  first = time.perf_counter()
+  ready = stack_lib.Prepare(step, inputs, warmup=1)
   times = []
   for _ in range(steps):
     begin = time.perf_counter()
     step(inputs)[0].numpy()
     times.append(time.perf_counter() - begin)
-  library = cf.graph.as_graph_def().library.function
-  outer = len(cf.graph.get_operations())
+  library = ready.concrete.graph.as_graph_def().library.function
+  outer = len(ready.concrete.graph.get_operations())
   return {'setup': setup.ToText(), 'build': built - start,
-          'trace': traced - before_trace, 'first': first - traced,
-          'first_step': first - before_trace,
+          'trace': ready.trace, 'first': ready.first,
+          'first_step': ready.trace + ready.first,
           'step': statistics.median(times) if times else None,
           'ops': outer + sum(len(f.node_def) for f in library),
           'outer_ops': outer, 'functions': len(library),

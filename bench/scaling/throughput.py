@@ -1,24 +1,27 @@
-"""One throughput measurement of run.py: a client of the pinned workers.
+"""The throughput client of run.py: every configuration of one run, interleaved.
 
   python bench/scaling/throughput.py --cluster_spec=worker=127.0.0.1:P0,...
-      --worker_pids=PID0,PID1 --setup=pipe,K,M,recompute [--stack=JSON]
-      [--warmup=2] [--steps=10]
+      --worker_pids=PID0,PID1 --setups='pipe,1,1,never;pipe,2,8,never;...'
+      [--stack=JSON] [--warmup=2] [--rounds=10]
 
 Connects (`cluster.Connect`, one device per task), builds the stack of
-bench/gpipe/stack.py as a PipeliningLayer with partition k on task k,
-traces the training step, runs `warmup` steps (the first call is one),
-then `steps` timed steps, one at a time (a step ends when its loss is
-back in this process). Prints one JSON line:
+bench/gpipe/stack.py once per configuration as a PipeliningLayer with
+partition k on task k, traces each training step and runs `warmup` steps
+of it (the first call is one). Then `rounds` rounds: each round runs one
+step of every configuration, starting one further along the list each
+round (`stack.Rotations`), so a change of machine load hits all of them
+alike. A step ends when its loss is back in this process. Prints one
+JSON line, label -> record:
 
   times       wall-clock seconds of each timed step
   worker_cpu  CPU seconds per timed step of each worker process (utime +
-              stime from /proc/PID/stat over all timed steps / steps)
+              stime from /proc/PID/stat around each step, summed / steps)
   client_cpu  the same for this process
   trace       seconds to trace (get_concrete_function)
   first       seconds of the first call (graph optimisation, one step)
 
-A fresh process per configuration: connecting to a cluster changes the
-process's eager context for good.
+Connecting to a cluster changes the process's eager context for good, so
+run.py starts one client per recompute mode, on fresh workers.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import json
 import os
 import sys
 import time
-from typing import List
+from typing import Dict, List
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(
@@ -52,51 +55,54 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--cluster_spec', required=True)
   parser.add_argument('--worker_pids', required=True,
                       help='Comma-separated process ids of the workers.')
-  parser.add_argument('--setup', required=True, help='pipe,K,M,recompute')
+  parser.add_argument('--setups', required=True,
+                      help="';'-separated pipe,K,M,recompute.")
   parser.add_argument('--stack', default='{}', help='Stack fields, JSON.')
   parser.add_argument('--warmup', type=int, default=2)
-  parser.add_argument('--steps', type=int, default=10)
+  parser.add_argument('--rounds', type=int, default=10)
   return parser.parse_args()
 
 
 def Measure(spec: str, pids: List[int], stack: stack_lib.Stack,
-            setup: stack_lib.Setup, warmup: int, steps: int) -> dict:
+            setups: List[stack_lib.Setup], warmup: int,
+            rounds: int) -> Dict[str, dict]:
   """The JSON record of the module docstring."""
   devices = cluster.Connect(cluster.ParseClusterSpec(spec))
-  layer = stack_lib.BuildModel(stack, setup, devices)
   inputs = stack_lib.Inputs(stack)
-  step = stack_lib.StepFunction(layer, setup, devices[0])
-  start = time.perf_counter()
-  step.get_concrete_function(inputs)
-  traced = time.perf_counter()
-  step(inputs)[0].numpy()
-  first = time.perf_counter()
-  for _ in range(warmup - 1):
-    step(inputs)[0].numpy()
-  cpu_before = [CpuSeconds(pid) for pid in pids]
-  client_before = time.process_time()
-  times = []
-  for _ in range(steps):
+  ready, out = {}, {}
+  for setup in setups:
+    layer = stack_lib.BuildModel(stack, setup, devices)
+    ready[setup.label] = stack_lib.Prepare(
+        stack_lib.StepFunction(layer, setup, devices[0]), inputs, warmup)
+    out[setup.label] = {
+        'setup': setup.ToText(), 'devices': devices[:setup.k], 'times': [],
+        'worker_cpu': [0.0] * len(pids), 'client_cpu': 0.0,
+        'trace': ready[setup.label].trace, 'first': ready[setup.label].first}
+  for label in stack_lib.Rotations(list(ready), rounds):
+    record = out[label]
+    cpu_before = [CpuSeconds(pid) for pid in pids]
+    client_before = time.process_time()
     begin = time.perf_counter()
-    step(inputs)[0].numpy()
-    times.append(time.perf_counter() - begin)
-  client_cpu = (time.process_time() - client_before) / steps
-  worker_cpu = [(CpuSeconds(pid) - b) / steps
-                for pid, b in zip(pids, cpu_before)]
-  return {'setup': setup.ToText(), 'devices': devices, 'times': times,
-          'worker_cpu': worker_cpu, 'client_cpu': client_cpu,
-          'trace': traced - start, 'first': first - traced}
+    ready[label].fn(inputs)[0].numpy()
+    record['times'].append(time.perf_counter() - begin)
+    record['client_cpu'] += (time.process_time() - client_before) / rounds
+    record['worker_cpu'] = [
+        total + (CpuSeconds(pid) - before) / rounds
+        for total, pid, before in zip(record['worker_cpu'], pids, cpu_before)]
+  return out
 
 
 def main() -> None:
   args = _Args()
-  setup = stack_lib.Setup.FromText(args.setup)
-  if setup.kind != 'pipe':
-    raise SystemExit(f'--setup={args.setup}: write pipe,K,M,recompute.')
+  setups = [stack_lib.Setup.FromText(t) for t in args.setups.split(';')]
+  for setup in setups:
+    if setup.kind != 'pipe':
+      raise SystemExit(f'--setups: {setup.ToText()}: write pipe,K,M,'
+                       'recompute.')
   pids = [int(p) for p in args.worker_pids.split(',')]
   stack = stack_lib.Stack(**json.loads(args.stack))
-  print(json.dumps(Measure(args.cluster_spec, pids, stack, setup,
-                           args.warmup, args.steps)), flush=True)
+  print(json.dumps(Measure(args.cluster_spec, pids, stack, setups,
+                           args.warmup, args.rounds)), flush=True)
 
 
 if __name__ == '__main__':
