@@ -9,19 +9,23 @@ ops instead of K x M copies of the layers (docs/DESIGN.md section 2):
                                              tape, then its gradient
   Accumulate_k(acc, dtheta) -> acc + dtheta
 
+A partition that keeps its activations (recompute 'never', the last one
+with 'except_last') uses `residuals.SplitCell` instead: a forward that also
+returns the tensors its gradient reads, and a backward that reads them.
+
 `PipelineRun.Call(leaves)` is a `tf.custom_gradient` function of the input
 tensors and every partition's theta tensors:
 
   forward:   split inputs into M micro-batches (device 0)
              for each F(k, m) in schedule order:
                on device k, after F(k, m-1):  y[k][m] = Forward_k(x[k][m])
-               (if partition k keeps its activations: its cell inline,
-               under a tape kept until B(k, m))
+               (keeping: y[k][m], r[k][m] = forward(x[k][m]), r kept
+               until B(k, m))
              concat y[K-1][*] (device K-1)
   backward:  split dy into M (device K-1)
              for each B(k, m) in schedule order:
                on device k, after B(k, m+1):
-                 kept tape: dx, dtheta = gradient(y, [x, theta_k], dy)
+                 keeping: dx, dtheta = backward(r[k][m], dy[k][m])
                  else, once dy[k][m] is also here:
                    dx, dtheta = Backward_k(theta_k, x[k][m], dy[k][m])
                  acc_k = dtheta (m = M-1), else Accumulate_k(acc_k, dtheta)
@@ -42,6 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from lingvo_pipe.core import residuals
 from lingvo_pipe.core import schedule
 
 # Function attributes of every partition function (see module docstring).
@@ -68,10 +73,6 @@ def CallBodiesShared() -> bool:
   """Whether `ShareCallBodies` is in force."""
   return tf.config.optimizer.get_experimental_options().get(
       'function_optimization') is False
-
-
-def _IsFloat(x: tf.Tensor) -> bool:
-  return x.dtype.is_floating or x.dtype.is_complex
 
 
 def _After(deps: Sequence[tf.Tensor]) -> Any:
@@ -113,9 +114,11 @@ class PipelineRun:
     self._m = num_micro_batches
     self._thetas = thetas
     self._out_structure = None
-    # Per (k, m): the partition's input leaves, and its tape when kept.
+    # Per (k, m): the partition's input leaves, and when it keeps its
+    # activations, its outputs and residuals.
     self._x: Dict[Tuple[int, int], List[tf.Tensor]] = {}
-    self._tapes: Dict[Tuple[int, int], Tuple[tf.GradientTape, Any]] = {}
+    self._kept: Dict[Tuple[int, int],
+                     Tuple[List[tf.Tensor], List[tf.Tensor]]] = {}
     # Partition k's input structure (k = 0: the pipeline's inputs).
     self._structures: Dict[int, Any] = {0: in_structure}
     # Full-batch outputs, and each device's last forward task's outputs.
@@ -126,6 +129,11 @@ class PipelineRun:
     self._backward_fns = [_OnDevice(self._BackwardFn(k), d)
                           for k, d in enumerate(self._devices)]
     self._accumulate_fns = [_OnDevice(_Accumulate, d) for d in self._devices]
+    self._split_cells = {
+        k: residuals.SplitCell(f'cell_{k}', self._CellFn(k),
+                               lambda fn, d=d: _OnDevice(fn, d))
+        for k, d in enumerate(self._devices)
+        if layer._KeepsActivations(k)}  # pylint: disable=protected-access
 
   # ---- the partition functions ------------------------------------------
 
@@ -135,14 +143,17 @@ class PipelineRun:
     Forward.__name__ = f'cell_{k}_forward'
     return Forward
 
+  def _CellFn(self, k: int) -> Callable[..., List[tf.Tensor]]:
+    return lambda theta_leaves, x: self._Cell(k, theta_leaves, x)
+
   def _BackwardFn(self, k: int) -> Callable[..., Any]:
     def Backward(theta_leaves, x, dy):
       theta_leaves, x = list(theta_leaves), list(x)
       tape = tf.GradientTape(watch_accessed_variables=False)
       with tape, self._cells[k].NoStatUpdates():
-        tape.watch([t for t in x + theta_leaves if _IsFloat(t)])
+        tape.watch([t for t in x + theta_leaves if residuals.IsFloat(t)])
         y = self._Cell(k, theta_leaves, x)
-      return _Gradients(tape, y, list(dy), x, theta_leaves)
+      return residuals.Gradients(tape, y, list(dy), x, theta_leaves)
     Backward.__name__ = f'cell_{k}_backward'
     return Backward
 
@@ -206,9 +217,7 @@ class PipelineRun:
         x = state.pop((k, m))
         self._x[(k, m)] = x
         with _After(last_on_device.get(k, [])):
-          y_leaves = self._RunForward(
-              k, m, thetas[k], x,
-              keep_tape=self._layer._KeepsActivations(k))  # pylint: disable=protected-access
+          y_leaves = self._RunForward(k, m, thetas[k], x)
       self._CheckBatch(k, m, y_leaves)
       last_on_device[k] = y_leaves
       if k + 1 < self._k:
@@ -220,18 +229,12 @@ class PipelineRun:
     return self._outputs
 
   def _RunForward(self, k: int, m: int, theta_leaves: List[tf.Tensor],
-                  x: List[tf.Tensor], keep_tape: bool) -> List[tf.Tensor]:
-    if not keep_tape:
+                  x: List[tf.Tensor]) -> List[tf.Tensor]:
+    if k not in self._split_cells:
       return list(self._forward_fns[k](theta_leaves, x))
-    # A partition that keeps its activations runs its cell inline (the
-    # graph grows with M for it): through a function call, TF's gradient
-    # of the call made the step 44% slower (docs/DESIGN.md section 2).
-    tape = tf.GradientTape(watch_accessed_variables=False)
-    with tape:
-      tape.watch([t for t in x + theta_leaves if _IsFloat(t)])
-      y = self._Cell(k, theta_leaves, x)
-    self._tapes[(k, m)] = (tape, y)
-    return y
+    y, kept = self._split_cells[k].forward(theta_leaves, x)
+    self._kept[(k, m)] = (list(y), list(kept))
+    return list(y)
 
   def _Cell(self, k: int, theta_leaves: List[tf.Tensor],
             x: List[tf.Tensor]) -> List[tf.Tensor]:
@@ -268,7 +271,7 @@ class PipelineRun:
     # nothing, and a zero tensor here would be a constant that Grappler
     # specialises every call of the last partition's backward for.
     last = self._devices[-1]
-    dys = [dy if _IsFloat(y) else None for dy, y in zip(dys, self._outputs)]
+    dys = [dy if residuals.IsFloat(y) else None for dy, y in zip(dys, self._outputs)]
     micro_dy = self._Split(dys, last)
     dstate = {(self._k - 1, m): micro_dy[m] for m in range(self._m)}
     acc: List[Optional[List[Optional[tf.Tensor]]]] = [None] * self._k
@@ -309,13 +312,10 @@ class PipelineRun:
                                List[Optional[tf.Tensor]]]:
     """B(k, m): (d inputs, d theta_k), each None where not floating."""
     x = self._x.pop((k, m))
-    kept = self._tapes.pop((k, m), None)
-    if kept is not None:
-      tape, y = kept
+    if k in self._split_cells:
+      y, kept = self._kept.pop((k, m))
       with _After(after):
-        dy = [None if d is None else tf.identity(d, name='after')
-              for d in dy]
-      return _Gradients(tape, y, dy, x, theta_leaves)
+        return self._split_cells[k].Backward(theta_leaves, x, kept, dy, y)
     # Re-compute only once this device's previous backward is done AND
     # the gradient from partition k+1 is here (a data input of the call):
     # otherwise the executor may re-compute while partition k+1 is still
@@ -327,21 +327,3 @@ class PipelineRun:
 
 def _Accumulate(acc, dtheta):
   return [a + g for a, g in zip(acc, dtheta)]
-
-
-def _Gradients(tape: tf.GradientTape, y: Any, dy: List[Optional[tf.Tensor]],
-               x: List[tf.Tensor], theta_leaves: List[tf.Tensor],
-               ) -> Tuple[List[Optional[tf.Tensor]], List[Optional[tf.Tensor]]]:
-  """(d x, d theta) from a tape over y = cell(theta, x); None if not float.
-
-  Outputs whose gradient `dy` is None contribute nothing and are left out.
-  """
-  pairs = [(t, d) for t, d in zip(tf.nest.flatten(y), dy)
-           if _IsFloat(t) and d is not None]
-  sources = [t for t in x + theta_leaves if _IsFloat(t)]
-  grads = iter(tape.gradient(
-      [t for t, _ in pairs], sources,
-      output_gradients=[d for _, d in pairs],
-      unconnected_gradients=tf.UnconnectedGradients.ZERO))
-  full = [next(grads) if _IsFloat(t) else None for t in x + theta_leaves]
-  return full[:len(x)], full[len(x):]

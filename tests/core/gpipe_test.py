@@ -436,11 +436,7 @@ class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
     # Four times the micro-batches: four times the calls, and the graph
     # outside the bodies grows by no more than a few ops per task.
     self.assertLen(calls_8, 4 * len(calls_2))
-    if recompute == 'always':
-      self.assertLess(ops_8 - ops_2, 40 * (len(calls_8) - len(calls_2)))
-    # Known gap: a partition that keeps its activations (never, and the
-    # last one with except_last) still runs its cell inline, so for it
-    # the graph grows with M (docs/DESIGN.md section 2).
+    self.assertLess(ops_8 - ops_2, 40 * (len(calls_8) - len(calls_2)))
 
 
 class ErrorTest(tf.test.TestCase):

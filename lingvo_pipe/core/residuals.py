@@ -1,0 +1,293 @@
+"""A cell's gradient split at its forward: kept residuals, no re-computation.
+
+A pipeline partition that keeps its activations (recompute `never`, the
+last one of `except_last`) runs two functions per micro-batch, each traced
+once however many micro-batches there are (docs/DESIGN.md section 2):
+
+  forward(theta, x) -> (y, residuals)
+  backward(inputs, dy) -> (dx, dtheta)
+
+`residuals` are exactly the tensors of the forward that the gradient reads
+(activations, softmax outputs, masks ...), found by tracing the gradient
+once inside the forward: every op created after the forward that is not a
+stand-in for dy belongs to the gradient, and every tensor it reads that
+the forward made is a residual. Those gradient ops become the backward
+function (their GraphDef, with each residual and dy replaced by an input,
+imported into the backward's trace); in the forward function the traced
+gradient is dead code, which the runtime prunes before the first call.
+The gradient ops are the ones a tape over the inline cell would run, so
+the gradients are bitwise the same.
+
+Which outputs get a gradient is known only when the backward runs: the
+forward keeps what the gradient of every floating output needs, and a
+backward whose dy has None leaves (an output the loss does not use) is
+traced for exactly those outputs; it reads a subset of the residuals, found
+by name in the forward's graph (both traces run the same code in fresh
+graphs, so the forward's ops get the same names).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+Leaves = List[Optional[tf.Tensor]]
+# A backward input: ('theta', i), ('x', i), ('dy', j), ('out', j) (the j-th
+# residual the forward returns) or ('capture', j) (a value from outside).
+Ref = Tuple[str, int]
+
+_DY_STAND_IN = 'lp_dy_stand_in'
+_IMPORT_SCOPE = 'gradient'
+
+
+def IsFloat(x: tf.Tensor) -> bool:
+  return x.dtype.is_floating or x.dtype.is_complex
+
+
+def Gradients(tape: tf.GradientTape, y: Any, dy: Leaves, x: List[tf.Tensor],
+              theta_leaves: List[tf.Tensor]) -> Tuple[Leaves, Leaves]:
+  """(d x, d theta) from a tape over y = cell(theta, x); None if not float.
+
+  Outputs whose gradient `dy` is None contribute nothing and are left out.
+  """
+  pairs = [(t, d) for t, d in zip(tf.nest.flatten(y), dy)
+           if IsFloat(t) and d is not None]
+  sources = [t for t in x + theta_leaves if IsFloat(t)]
+  grads = iter(tape.gradient(
+      [t for t, _ in pairs], sources,
+      output_gradients=[d for _, d in pairs],
+      unconnected_gradients=tf.UnconnectedGradients.ZERO))
+  full = [next(grads) if IsFloat(t) else None for t in x + theta_leaves]
+  return full[:len(x)], full[len(x):]
+
+
+class _Backward:
+  """The gradient ops of one trace, as a GraphDef with inputs `refs`."""
+
+  def __init__(self, graph_def: Any, refs: List[Ref],
+               outputs: List[Optional[Tuple[str, Any]]], num_x: int):
+    self.graph_def = graph_def
+    self.refs = refs
+    # Per d x / d theta leaf: None, ('node', tensor name in graph_def) or
+    # ('ref', index into refs) when the gradient is an input itself.
+    self.outputs = outputs
+    self.num_x = num_x
+
+
+class SplitCell:
+  """forward / backward functions of `cell` (module docstring).
+
+  `cell(theta_leaves, x) -> y leaves` is traced in the current graph;
+  `wrap(fn)` turns a Python function into the tf.function to run (the
+  pipeline's `_OnDevice`: non-inlined, on the partition's device).
+  """
+
+  def __init__(self, name: str, cell: Callable[..., List[tf.Tensor]],
+               wrap: Callable[[Callable[..., Any]], Any]):
+    self._name = name
+    self._cell = cell
+    self._wrap = wrap
+    self._residual_names: List[str] = []
+    self._backwards: Dict[Tuple[bool, ...], _Backward] = {}
+    self._backward_fns: Dict[Tuple[bool, ...], Any] = {}
+    self._theta_specs: List[tf.TensorSpec] = []
+    self._x_specs: List[tf.TensorSpec] = []
+    self._captured: List[tf.Tensor] = []
+
+    def Forward(theta_leaves, x):
+      return self._TraceForward(list(theta_leaves), list(x))
+
+    Forward.__name__ = f'{name}_forward_keep'
+    self.forward = wrap(Forward)
+
+  # ---- tracing ---------------------------------------------------------
+
+  def _Trace(self, theta_leaves: List[tf.Tensor], x: List[tf.Tensor],
+             wanted: Optional[Sequence[bool]]
+             ) -> Tuple[List[tf.Tensor], _Backward, Dict[str, Ref]]:
+    """Cell, then its gradient; the gradient's ops as a `_Backward`.
+
+    `wanted[i]`: output i gets a gradient (None: every floating output).
+    Also returns the forward tensors the gradient reads, by name.
+    """
+    tape = tf.GradientTape(watch_accessed_variables=False)
+    with tape:
+      tape.watch([t for t in x + theta_leaves if IsFloat(t)])
+      y = list(self._cell(theta_leaves, x))
+    graph = (y + x + theta_leaves)[0].graph
+    first_grad_op = len(graph.get_operations())
+    if wanted is None:
+      wanted = [IsFloat(t) for t in y]
+    stand_ins = [tf.identity(t, name=_DY_STAND_IN) if want else None
+                 for t, want in zip(y, wanted)]
+    dx, dtheta = Gradients(tape, y, stand_ins, x, theta_leaves)
+    grad_ops = graph.get_operations()[first_grad_op:]
+    stand_in_ops = {s.op.name: j for j, s in enumerate(
+        s for s in stand_ins if s is not None)}
+    # A value the cell took from outside its arguments (a constant, a
+    # variable's handle): the backward takes the same outside value.
+    captured = {id(inside): outside for outside, inside in graph.captures}
+    args = {id(t): ('x', i) for i, t in enumerate(x)}
+    args.update({id(t): ('theta', i) for i, t in enumerate(theta_leaves)})
+    mine = {op.name for op in grad_ops} - set(stand_in_ops)
+    refs: List[Ref] = []
+    ref_of: Dict[str, int] = {}  # tensor name -> index into refs
+    specs: List[tf.Tensor] = []  # the tensor of each ref
+    reads: Dict[str, Ref] = {}  # forward intermediates read, by name
+
+    def RefOf(t: tf.Tensor) -> int:
+      if t.name not in ref_of:
+        if t.op.name in stand_in_ops:
+          ref = ('dy', stand_in_ops[t.op.name])
+        elif id(t) in args:
+          ref = args[id(t)]
+        elif id(t) in captured:
+          ref = ('capture', len(self._captured))
+          self._captured.append(captured[id(t)])
+        else:
+          ref = ('out', len(reads))
+          reads[t.name] = ref
+        ref_of[t.name] = len(refs)
+        refs.append(ref)
+        specs.append(t)
+      return ref_of[t.name]
+
+    for op in grad_ops:
+      if op.name in mine:
+        for t in op.inputs:
+          if t.op.name not in mine:
+            RefOf(t)
+    outputs = []
+    for g in dx + dtheta:
+      if g is None:
+        outputs.append(None)
+      elif g.op.name in mine:
+        outputs.append(('node', g.name))
+      else:
+        outputs.append(('ref', RefOf(g)))
+    graph_def = _GradientGraphDef(graph.as_graph_def(), mine, ref_of, specs)
+    return y, _Backward(graph_def, refs, outputs, len(x)), reads
+
+  def _TraceForward(self, theta_leaves: List[tf.Tensor],
+                    x: List[tf.Tensor]) -> Tuple[List[tf.Tensor],
+                                                 List[tf.Tensor]]:
+    self._theta_specs = [tf.TensorSpec(t.shape, t.dtype)
+                         for t in theta_leaves]
+    self._x_specs = [tf.TensorSpec(t.shape, t.dtype) for t in x]
+    y, backward, reads = self._Trace(theta_leaves, x, None)
+    wanted = tuple(IsFloat(t) for t in y)
+    self._backwards = {wanted: backward}
+    self._backward_fns = {}
+    self._residual_names = list(reads)
+    graph = y[0].graph if y else x[0].graph
+    residuals = [graph.get_tensor_by_name(n) for n in self._residual_names]
+    return y, residuals
+
+  def _BackwardFor(self, wanted: Tuple[bool, ...]) -> _Backward:
+    """The gradient of the outputs in `wanted`, reading forward residuals."""
+    if wanted in self._backwards:
+      return self._backwards[wanted]
+    found = {}
+
+    def Analysis(theta_leaves, x):
+      _, found['backward'], found['reads'] = self._Trace(
+          list(theta_leaves), list(x), wanted)
+      return []
+
+    Analysis.__name__ = f'{self._name}_gradient_of_some_outputs'
+    self._wrap(Analysis).get_concrete_function(self._theta_specs,
+                                               self._x_specs)
+    backward = found['backward']
+    index = {n: j for j, n in enumerate(self._residual_names)}
+    renumber = {}
+    for name, ref in found['reads'].items():
+      if name not in index:
+        raise RuntimeError(
+            f'{self._name}: the gradient of some outputs reads {name}, '
+            'which the forward did not keep (its trace named its ops '
+            "differently); use recompute='always' for this cell.")
+      renumber[ref] = ('out', index[name])
+    backward.refs = [renumber.get(r, r) for r in backward.refs]
+    self._backwards[wanted] = backward
+    return backward
+
+  # ---- running ---------------------------------------------------------
+
+  def Backward(self, theta_leaves: List[tf.Tensor], x: List[tf.Tensor],
+               residuals: List[tf.Tensor], dy: Leaves,
+               y: List[tf.Tensor]) -> Tuple[Leaves, Leaves]:
+    """One backward call: (d x, d theta) of the forward that made `residuals`.
+
+    `y` is that forward's output (which outputs can have a gradient).
+    """
+    wanted = tuple(d is not None and IsFloat(t) for t, d in zip(y, dy))
+    backward = self._BackwardFor(wanted)
+    live_dy = [d for d, want in zip(dy, wanted) if want]
+    pools = {'theta': theta_leaves, 'x': x, 'out': residuals, 'dy': live_dy,
+             'capture': self._captured}
+    inputs = [pools[kind][i] for kind, i in backward.refs]
+    if wanted not in self._backward_fns:
+      self._backward_fns[wanted] = self._BackwardFn(backward, wanted)
+    grads = list(self._backward_fns[wanted](inputs))
+    return grads[:backward.num_x], grads[backward.num_x:]
+
+  def _BackwardFn(self, backward: _Backward, wanted: Tuple[bool, ...]) -> Any:
+    names = [o[1] for o in backward.outputs if o and o[0] == 'node']
+
+    def Backward(inputs):
+      inputs = list(inputs)
+      imported = iter(tf.graph_util.import_graph_def(
+          backward.graph_def,
+          input_map={_InputName(i): t for i, t in enumerate(inputs)},
+          return_elements=names, name=_IMPORT_SCOPE))
+      out = []
+      for o in backward.outputs:
+        if o is None:
+          out.append(None)
+        elif o[0] == 'node':
+          out.append(next(imported))
+        else:
+          out.append(tf.identity(inputs[o[1]]))
+      return out
+
+    Backward.__name__ = (f'{self._name}_backward_keep_' +
+                         ''.join('1' if w else '0' for w in wanted))
+    return self._wrap(Backward)
+
+
+def _InputName(i: int) -> str:
+  return f'lp_backward_input_{i}'
+
+
+def _GradientGraphDef(full: Any, mine: set, ref_of: Dict[str, int],
+                      specs: List[tf.Tensor]) -> Any:
+  """The nodes in `mine`; each input from outside them is a placeholder."""
+  out = type(full)()
+  out.library.CopyFrom(full.library)
+  out.versions.CopyFrom(full.versions)
+  for i, t in enumerate(specs):
+    node = out.node.add()
+    node.name = _InputName(i)
+    node.op = 'Placeholder'
+    node.attr['dtype'].type = t.dtype.as_datatype_enum
+    node.attr['shape'].shape.CopyFrom(t.shape.as_proto())
+  for node in full.node:
+    if node.name not in mine:
+      continue
+    new = out.node.add()
+    new.CopyFrom(node)
+    if '_class' in new.attr:  # colocation with forward ops left behind
+      del new.attr['_class']
+    del new.input[:]
+    for name in node.input:
+      if name.startswith('^'):
+        if name[1:] in mine:
+          new.input.append(name)
+        continue
+      op_name, _, port = name.partition(':')
+      if op_name in mine:
+        new.input.append(name)
+      else:
+        new.input.append(_InputName(ref_of[f'{op_name}:{port or 0}']))
+  return out
