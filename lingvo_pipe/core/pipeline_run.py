@@ -271,7 +271,8 @@ class PipelineRun:
     # nothing, and a zero tensor here would be a constant that Grappler
     # specialises every call of the last partition's backward for.
     last = self._devices[-1]
-    dys = [dy if residuals.IsFloat(y) else None for dy, y in zip(dys, self._outputs)]
+    dys = [dy if residuals.IsFloat(y) else None
+           for dy, y in zip(dys, self._outputs)]
     micro_dy = self._Split(dys, last)
     dstate = {(self._k - 1, m): micro_dy[m] for m in range(self._m)}
     acc: List[Optional[List[Optional[tf.Tensor]]]] = [None] * self._k
