@@ -45,8 +45,11 @@ class Workers:
   execs the server, so they are the servers' own).
   """
 
-  def __init__(self, num: int, log_dir: str, start_timeout: float = 180.0):
+  def __init__(self, num: int, log_dir: str, start_timeout: float = 180.0,
+               cores: Optional[List[int]] = None):
     self._num = num
+    # Task i runs on cores[i % len(cores)] (default: this process's cores).
+    self._cores = cores or sorted(os.sched_getaffinity(0))
     self._log_dir = log_dir
     self._timeout = start_timeout
     self._procs: List[subprocess.Popen] = []
@@ -62,7 +65,7 @@ class Workers:
     """Stops any running servers, then starts `num` and waits for them."""
     self.Stop()
     self.starts += 1
-    cores = sorted(os.sched_getaffinity(0))
+    cores = self._cores
     ports = [proc.FreePort() for _ in range(self._num)]
     self.spec = 'worker=' + ','.join(f'127.0.0.1:{p}' for p in ports)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
