@@ -232,7 +232,7 @@ class PipelineRun:
                   x: List[tf.Tensor]) -> List[tf.Tensor]:
     if k not in self._split_cells:
       return list(self._forward_fns[k](theta_leaves, x))
-    y, kept = self._split_cells[k].forward(theta_leaves, x)
+    y, kept = self._split_cells[k].Forward(theta_leaves, x)
     self._kept[(k, m)] = (list(y), list(kept))
     return list(y)
 

@@ -8,22 +8,22 @@ once however many micro-batches there are (docs/DESIGN.md section 2):
   backward(inputs, dy) -> (dx, dtheta)
 
 `residuals` are exactly the tensors of the forward that the gradient reads
-(activations, softmax outputs, masks ...), found by tracing the gradient
-once inside the forward: every op created after the forward that is not a
-stand-in for dy belongs to the gradient, and every tensor it reads that
-the forward made is a residual. Those gradient ops become the backward
-function (their GraphDef, with each residual and dy replaced by an input,
-imported into the backward's trace); in the forward function the traced
-gradient is dead code, which the runtime prunes before the first call.
-The gradient ops are the ones a tape over the inline cell would run, so
-the gradients are bitwise the same.
+(activations, softmax outputs, masks ...). They are found by tracing the
+cell and then its gradient once, in an analysis function that is never
+called: every op created after the cell that is not a stand-in for dy
+belongs to the gradient, and every tensor it reads that the cell made is a
+residual. Those gradient ops become the backward function (their GraphDef,
+with each residual and dy replaced by an input, imported into the
+backward's trace). The forward function traces the cell alone and returns
+the residuals found by name (the two traces run the same code in fresh
+graphs, so the cell's ops get the same names). The gradient ops are the
+ones a tape over the inline cell would run, so the gradients are bitwise
+the same.
 
 Which outputs get a gradient is known only when the backward runs: the
 forward keeps what the gradient of every floating output needs, and a
 backward whose dy has None leaves (an output the loss does not use) is
-traced for exactly those outputs; it reads a subset of the residuals, found
-by name in the forward's graph (both traces run the same code in fresh
-graphs, so the forward's ops get the same names).
+traced for exactly those outputs; it reads a subset of the residuals.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class SplitCell:
       return self._TraceForward(list(theta_leaves), list(x))
 
     Forward.__name__ = f'{name}_forward_keep'
-    self.forward = wrap(Forward)
+    self.forward_function = wrap(Forward)
 
   # ---- tracing ---------------------------------------------------------
 
@@ -169,39 +169,70 @@ class SplitCell:
     graph_def = _GradientGraphDef(graph.as_graph_def(), mine, ref_of, specs)
     return y, _Backward(graph_def, refs, outputs, len(x)), reads
 
+  def Forward(self, theta_leaves: List[tf.Tensor], x: List[tf.Tensor]
+              ) -> Tuple[List[tf.Tensor], List[tf.Tensor]]:
+    """One forward call: (y, residuals)."""
+    if not self._residual_names and not self._backwards:
+      # In the caller's graph: what the analysis captures from outside
+      # is then a value the backward call can be given.
+      self._theta_specs = [tf.TensorSpec(t.shape, t.dtype)
+                           for t in theta_leaves]
+      self._x_specs = [tf.TensorSpec(t.shape, t.dtype) for t in x]
+      wanted, backward, reads = self._Analyse(None)
+      self._backwards = {wanted: backward}
+      self._residual_names = list(reads)
+    return self.forward_function(theta_leaves, x)
+
   def _TraceForward(self, theta_leaves: List[tf.Tensor],
                     x: List[tf.Tensor]) -> Tuple[List[tf.Tensor],
                                                  List[tf.Tensor]]:
-    self._theta_specs = [tf.TensorSpec(t.shape, t.dtype)
-                         for t in theta_leaves]
-    self._x_specs = [tf.TensorSpec(t.shape, t.dtype) for t in x]
-    y, backward, reads = self._Trace(theta_leaves, x, None)
-    wanted = tuple(IsFloat(t) for t in y)
-    self._backwards = {wanted: backward}
-    self._backward_fns = {}
-    self._residual_names = list(reads)
-    graph = y[0].graph if y else x[0].graph
-    residuals = [graph.get_tensor_by_name(n) for n in self._residual_names]
+    """The cell alone, and the residuals its gradient reads, by name.
+
+    The gradient was traced in a separate function, never called, so this
+    body (which TF reads again for every call op it creates) is the cell.
+    """
+    y = list(self._cell(theta_leaves, x))
+    graph = (y + x + theta_leaves)[0].graph
+    residuals = []
+    for name in self._residual_names:
+      try:
+        residuals.append(graph.get_tensor_by_name(name))
+      except (KeyError, ValueError) as err:
+        raise RuntimeError(
+            f'{self._name}: the gradient reads {name}, which the forward '
+            'does not have (its trace named its ops differently); use '
+            "recompute='always' for this cell.") from err
     return y, residuals
+
+  def _Analyse(self, wanted: Optional[Tuple[bool, ...]]
+               ) -> Tuple[Tuple[bool, ...], _Backward, Dict[str, Ref]]:
+    """Traces cell and gradient in a function never called.
+
+    Returns which outputs got a gradient (`wanted`, or every floating
+    one), the gradient as a `_Backward` and the forward tensors it reads.
+    """
+    found = {}
+
+    def Analysis(theta_leaves, x):
+      y, found['backward'], found['reads'] = self._Trace(
+          list(theta_leaves), list(x), wanted)
+      found['wanted'] = tuple(IsFloat(t) for t in y) if wanted is None else (
+          wanted)
+      return []
+
+    Analysis.__name__ = f'{self._name}_gradient_analysis'
+    self._wrap(Analysis).get_concrete_function(self._theta_specs,
+                                               self._x_specs)
+    return found['wanted'], found['backward'], found['reads']
 
   def _BackwardFor(self, wanted: Tuple[bool, ...]) -> _Backward:
     """The gradient of the outputs in `wanted`, reading forward residuals."""
     if wanted in self._backwards:
       return self._backwards[wanted]
-    found = {}
-
-    def Analysis(theta_leaves, x):
-      _, found['backward'], found['reads'] = self._Trace(
-          list(theta_leaves), list(x), wanted)
-      return []
-
-    Analysis.__name__ = f'{self._name}_gradient_of_some_outputs'
-    self._wrap(Analysis).get_concrete_function(self._theta_specs,
-                                               self._x_specs)
-    backward = found['backward']
+    _, backward, reads = self._Analyse(wanted)
     index = {n: j for j, n in enumerate(self._residual_names)}
     renumber = {}
-    for name, ref in found['reads'].items():
+    for name, ref in reads.items():
       if name not in index:
         raise RuntimeError(
             f'{self._name}: the gradient of some outputs reads {name}, '

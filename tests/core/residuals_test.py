@@ -38,7 +38,7 @@ def _Runner(split):
 
   @tf.function(autograph=False)
   def Run(w, x, dy):
-    y, kept = split.forward([w], [x])
+    y, kept = split.Forward([w], [x])
     dx, dtheta = split.Backward([w], [x], list(kept), dy, list(y))
     return dx[0], dtheta[0], kept
 
@@ -104,12 +104,12 @@ class SplitCellTest(tf.test.TestCase):
     def Run(w, x, dy):
       outs = []
       for m in range(4):
-        y, kept = split.forward([w], [x + m])
+        y, kept = split.Forward([w], [x + m])
         outs.append(split.Backward([w], [x + m], list(kept), dy, list(y)))
       return outs
 
     Run.get_concrete_function(w, x, dy)
-    self.assertEqual(1, split.forward.experimental_get_tracing_count())
+    self.assertEqual(1, split.forward_function.experimental_get_tracing_count())
 
 
 if __name__ == '__main__':
