@@ -130,7 +130,7 @@ class PipelineRun:
                           for k, d in enumerate(self._devices)]
     self._accumulate_fns = [_OnDevice(_Accumulate, d) for d in self._devices]
     self._split_cells = {
-        k: residuals.SplitCell(f'cell_{k}', self._CellFn(k),
+        k: residuals.SplitCell(f'cell_{k}', self._ForwardFn(k),
                                lambda fn, d=d: _OnDevice(fn, d))
         for k, d in enumerate(self._devices)
         if layer._KeepsActivations(k)}  # pylint: disable=protected-access
@@ -142,9 +142,6 @@ class PipelineRun:
       return self._Cell(k, list(theta_leaves), list(x))
     Forward.__name__ = f'cell_{k}_forward'
     return Forward
-
-  def _CellFn(self, k: int) -> Callable[..., List[tf.Tensor]]:
-    return lambda theta_leaves, x: self._Cell(k, theta_leaves, x)
 
   def _BackwardFn(self, k: int) -> Callable[..., Any]:
     def Backward(theta_leaves, x, dy):

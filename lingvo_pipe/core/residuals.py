@@ -172,7 +172,7 @@ class SplitCell:
   def Forward(self, theta_leaves: List[tf.Tensor], x: List[tf.Tensor]
               ) -> Tuple[List[tf.Tensor], List[tf.Tensor]]:
     """One forward call: (y, residuals)."""
-    if not self._residual_names and not self._backwards:
+    if not self._backwards:  # the first call
       # In the caller's graph: what the analysis captures from outside
       # is then a value the backward call can be given.
       self._theta_specs = [tf.TensorSpec(t.shape, t.dtype)
