@@ -42,6 +42,11 @@ flags.DEFINE_enum('run_locally', 'cpu', ['cpu', 'gpu'],
                   'cpu: split the CPU into as many logical devices as the '
                   "model's pipelines have partitions; gpu: use the visible "
                   'GPUs.')
+flags.DEFINE_integer('num_replicas', 0,
+                     'Data-parallel replicas of the model (R): replica r '
+                     'runs partition k of each pipeline on device (or '
+                     'worker task) r * K + k, on batch / R examples. 0: '
+                     "the model's task.train.num_replicas.")
 flags.DEFINE_bool('share_cores', True,
                   'With --run_locally=cpu and several logical CPUs: give '
                   'each op cores / devices intra-op threads, so partitions '
@@ -86,7 +91,8 @@ class TrainingStopped(Exception):
 
 
 def LoadParams(model: str, override_text: str = '',
-               override_file: str = '', data_dir: Optional[str] = None):
+               override_file: str = '', data_dir: Optional[str] = None,
+               num_replicas: int = 0):
   """The registered model's params with the overrides applied."""
   from lingvo_pipe.core import model_registry  # pylint: disable=g-import-not-at-top
   p = model_registry.GetParams(model)
@@ -95,12 +101,31 @@ def LoadParams(model: str, override_text: str = '',
       p.FromText(f.read())
   if override_text:
     p.FromText(override_text)
+  if num_replicas:
+    p.task.train.num_replicas = num_replicas
+  CheckReplicas(p)
   if data_dir:
     for dataset in _DATASETS:
       input_p = p.Get(f'{dataset}_input')
       if input_p is not None and 'data_dir' in input_p:
         input_p.data_dir = data_dir
   return p
+
+
+def CheckReplicas(p: Any) -> None:
+  """A clear error unless the replicas can split the train batch."""
+  replicas = p.task.train.num_replicas
+  if not isinstance(replicas, int) or replicas < 1:
+    raise TrainingStopped(
+        f'num_replicas is {replicas!r}; use an integer >= 1 '
+        '(--num_replicas or task.train.num_replicas).')
+  train_input = p.Get('train_input')
+  batch = train_input.batch_size if train_input is not None else None
+  if batch is not None and batch % replicas:
+    raise TrainingStopped(
+        f'The train batch size {batch} does not split over {replicas} '
+        f'replicas; set train_input.batch_size to a multiple of {replicas} '
+        'or change --num_replicas.')
 
 
 def SetUpDevices(run_locally: str, needed: int,
@@ -166,7 +191,8 @@ class Runner:
     """pipeline_<layer>.svg in the logdir for each PipeliningLayer."""
     from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
     from lingvo_pipe.core import timeline  # pylint: disable=g-import-not-at-top
-    batch_size = self._p.train_input.batch_size
+    replicas = self._p.task.train.num_replicas
+    batch_size = self._p.train_input.batch_size // replicas
     written = []
     for layer in self._task.Layers():
       if not isinstance(layer, gpipe.PipeliningLayer):
@@ -178,7 +204,7 @@ class Runner:
           self._logdir, f"pipeline_{layer.path.replace('/', '.')}.svg")
       with open(path, 'w', encoding='utf-8') as f:
         f.write(svg)
-      print(layer.Describe(batch_size), flush=True)
+      print(layer.Describe(batch_size, replicas), flush=True)
       written.append(path)
     return written
 
@@ -317,7 +343,8 @@ def _Run() -> None:
     cluster.StartServer(spec, 'worker', FLAGS.task_index).join()
     return
   p = LoadParams(FLAGS.model, FLAGS.model_params_override,
-                 FLAGS.model_params_file_override, FLAGS.data_dir)
+                 FLAGS.model_params_file_override, FLAGS.data_dir,
+                 FLAGS.num_replicas)
   if FLAGS.cluster_spec:
     names = cluster.Connect(cluster.ParseClusterSpec(FLAGS.cluster_spec))
     cluster.PlacePipelines(p.task, names)

@@ -15,6 +15,7 @@ import textwrap
 import time
 
 from absl.testing import absltest
+import numpy as np
 import tensorflow as tf
 
 from tensorflow.core.util import event_pb2
@@ -234,6 +235,44 @@ class TrainerTest(absltest.TestCase):
     self.assertGreater(len(values[0]), 4)  # weights, biases, slots
     for name, value in values[0].items():
       self.assertTrue((value == values[1][name]).all(), name)
+
+  def testCheckpointOfTwoReplicasResumesWithOne(self):
+    """One copy of the variables: R=2 trains as R=1 and resumes as R=1."""
+    common = ('--model_params_override=task.train.eval_interval_steps : 0\n'
+              'task.train.max_steps : ')
+    two, one = (self.create_tempdir().full_path for _ in range(2))
+    result = self._Run(two, common + '20', '--num_replicas=2')
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    self.assertIn('R=2 replicas x K=2 partitions, M=4 micro-batches',
+                  result.stdout)
+    self.assertIn('partition 1: /device:CPU:1 | /device:CPU:3', result.stdout)
+    result = self._Run(one, common + '20')
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    values = []
+    for logdir in (two, one):
+      reader = tf.train.load_checkpoint(os.path.join(logdir, 'train',
+                                                     'ckpt-20'))
+      names = sorted(n for n in reader.get_variable_to_shape_map()
+                     if n.endswith('.ATTRIBUTES/VARIABLE_VALUE'))
+      values.append({n: reader.get_tensor(n) for n in names})
+    self.assertEqual(sorted(values[0]), sorted(values[1]))
+    for name, value in values[0].items():  # float32 sums in another order
+      np.testing.assert_allclose(value, values[1][name], atol=1e-5,
+                                 err_msg=name)
+    result = self._Run(two, common + '40')
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    self.assertIn('at step 20; input position restored.', result.stdout)
+    self.assertIn("'task/network': K=2 partitions", result.stdout)
+    self.assertTrue(tf.train.latest_checkpoint(
+        os.path.join(two, 'train')).endswith('ckpt-40'))
+
+  def testReplicasMustSplitTheBatch(self):
+    result = self._Run(self.create_tempdir().full_path, '--num_replicas=3')
+    self.assertEqual(result.returncode, 1)
+    self.assertEqual(result.stderr.strip().splitlines()[-1],
+                     'error: The train batch size 16 does not split over 3 '
+                     'replicas; set train_input.batch_size to a multiple of '
+                     '3 or change --num_replicas.')
 
   def testWithoutInputPositionTheResumedInputStartsOver(self):
     logdir = self.create_tempdir().full_path

@@ -32,9 +32,12 @@ path, which is its path (`root/child/w`) unless a parent leaves a child's
 name out (`CreateChild(..., seed_name='')`); never on devices or on
 construction order.
 
-Mode flags (`training`, `update_stats`) are plain Python attributes read
-while tracing: set them with `SetTraining` / `SetUpdateStats` on the root,
-which sets the whole subtree.
+Mode flags (`training`, `update_stats`, `replica`) are plain Python
+attributes read while tracing: set them with `SetTraining` /
+`SetUpdateStats` / `SetReplica` on the root, which sets the whole subtree.
+`replica` says which data-parallel replica's devices a PipeliningLayer
+runs on (0, where the variables live, unless BaseTask.TrainStep runs
+several).
 """
 
 from __future__ import annotations
@@ -245,6 +248,7 @@ class BaseLayer(metaclass=_BaseLayerMeta):
     self._path_names = set()  # names used as path components
     self.training = True
     self.update_stats = True
+    self.replica = 0
 
   # ---- construction ---------------------------------------------------
 
@@ -423,6 +427,11 @@ class BaseLayer(metaclass=_BaseLayerMeta):
     """Whether FProp adds to statistics accumulators, for the subtree."""
     for layer in self.Layers():
       layer.update_stats = bool(update)
+
+  def SetReplica(self, replica: int) -> None:
+    """Which replica's devices pipelines of the subtree run on."""
+    for layer in self.Layers():
+      layer.replica = int(replica)
 
   @contextlib.contextmanager
   def NoStatUpdates(self) -> Iterator[None]:

@@ -14,6 +14,10 @@ One training step (all of it inside the trainer's tf.function):
   batch.example_keys = dropout.ExampleKeys(step, batch_size)  # if missing
   metrics = FProp(theta, batch)                    # training mode
   grads = d metrics.loss[0] / d trainable vars
+    (R = train.num_replicas > 1: data parallelism, see `replicas.py`:
+     replica r runs FProp on its slice of the batch, on its own devices;
+     metrics are combined by weight; each variable's gradient is the sum
+     of the replicas', added up on the variable's device)
   grad_norm = global_norm(grads)                   # before clipping
   if clip > 0: grads *= clip / max(grad_norm, clip)
   lr = train.learning_rate * lr_schedule.Value(step)
@@ -48,6 +52,7 @@ from lingvo_pipe.core import ema as ema_lib
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import lr_schedule
 from lingvo_pipe.core import optimizer
+from lingvo_pipe.core import replicas
 from lingvo_pipe.core.nested_map import NestedMap
 
 Metrics = Mapping[str, Tuple[Any, Any]]
@@ -55,13 +60,23 @@ _TRAIN_OUTPUTS = ('learning_rate', 'grad_norm', 'is_finite', 'global_step')
 
 
 def NumDevicesNeeded(task_params: Any) -> int:
-  """The largest number of pipeline partitions anywhere in `task_params`.
+  """Replicas x the largest number of pipeline partitions in the params.
 
   Walks nested Params, lists, tuples and dicts; a Params whose `cell_tpl`
   is a non-empty list of Params (a PipeliningLayer) needs len(cell_tpl)
-  devices. At least 1.
+  devices per replica; the replicas are `train.num_replicas` of the task
+  params (1 if it has none). At least 1.
   """
-  return max(1, _MaxPartitions(task_params))
+  return max(1, _MaxPartitions(task_params)) * NumReplicas(task_params)
+
+
+def NumReplicas(task_params: Any) -> int:
+  """`train.num_replicas` of task params, 1 if they do not define it."""
+  train = (task_params.Get('train') if isinstance(
+      task_params, hyperparams.Params) and 'train' in task_params else None)
+  if isinstance(train, hyperparams.Params) and 'num_replicas' in train:
+    return int(train.num_replicas)
+  return 1
 
 
 def _MaxPartitions(value: Any) -> int:
@@ -109,6 +124,11 @@ def _TrainParams() -> hyperparams.Params:
            'trainable vars; 0 = off.')
   p.Define('ema_decay', 0.0,
            'Keep ema = d * ema + (1 - d) * var of trainable vars; 0 = off.')
+  p.Define('num_replicas', 1,
+           'R, data-parallel replicas of the model: replica r takes slice '
+           'r of the batch (batch / R examples) and runs each pipeline on '
+           'its devices r * K .. r * K + K - 1; gradients are summed '
+           'across replicas. The batch size must be a multiple of R.')
   p.Define('max_steps', 1000, 'Train until global_step reaches this.')
   p.Define('save_interval_steps', 1000, 'Steps between checkpoints.')
   p.Define('summary_interval_steps', 100, 'Steps between summaries.')
@@ -149,6 +169,10 @@ class BaseTask(base_layer.BaseLayer):
                 'weight_decay'):
       if tp.Get(key) < 0:
         raise ValueError(f'{where}: train.{key}={tp.Get(key)} must be >= 0.')
+    if not isinstance(tp.num_replicas, int) or tp.num_replicas < 1:
+      raise ValueError(
+          f'{where}: train.num_replicas={tp.num_replicas!r} must be an '
+          'integer >= 1.')
     if not 0.0 <= tp.ema_decay < 1.0:
       raise ValueError(
           f'{where}: train.ema_decay={tp.ema_decay} must be in [0, 1).')
@@ -344,16 +368,8 @@ class BaseTask(base_layer.BaseLayer):
       step = state.global_step.read_value()
       batch = self._WithExampleKeys(input_batch, step)
       variables = [v for _, v in self._TrainableVariables()]
-      with tf.GradientTape(watch_accessed_variables=False) as tape:
-        tape.watch(variables)
-        metrics = self._CheckMetrics(self.FProp(self.theta, batch)[0])
-      clash = [k for k in _TRAIN_OUTPUTS if k in metrics]
-      if clash:
-        raise ValueError(
-            f'{type(self).__name__}.ComputeLoss: metric names {clash} are '
-            'reserved for TrainStep outputs; rename them.')
-      loss = metrics.loss[0]
-      grads = tape.gradient(loss, variables)
+      metrics, grads = self._LossAndGradients(batch, variables)
+    loss = metrics.loss[0]
     grads, grad_norm = _ClipByGlobalNorm(
         grads, variables, tp.clip_gradient_norm_to_value)
     lr = tf.constant(tp.learning_rate, tf.float32) * self._lr_schedule.Value(
@@ -371,6 +387,52 @@ class BaseTask(base_layer.BaseLayer):
     with tf.control_dependencies([done]):
       out.global_step = state.global_step.read_value()
     return out
+
+  def _CheckedFProp(self, theta: NestedMap, batch: NestedMap) -> NestedMap:
+    metrics = self._CheckMetrics(self.FProp(theta, batch)[0])
+    clash = [k for k in _TRAIN_OUTPUTS if k in metrics]
+    if clash:
+      raise ValueError(
+          f'{type(self).__name__}.ComputeLoss: metric names {clash} are '
+          'reserved for TrainStep outputs; rename them.')
+    return metrics
+
+  def _LossAndGradients(self, batch: NestedMap,
+                        variables: List[tf.Variable]
+                        ) -> Tuple[NestedMap, List[Any]]:
+    """(metrics, d loss / d each variable), over train.num_replicas."""
+    num_replicas = self.params.train.num_replicas
+    if num_replicas == 1:
+      with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(variables)
+        metrics = self._CheckedFProp(self.theta, batch)
+      return metrics, tape.gradient(metrics.loss[0], variables)
+
+    def ReplicaFProp(theta, piece, replica):
+      self.SetReplica(replica)
+      try:
+        return self._CheckedFProp(theta, piece)
+      finally:
+        self.SetReplica(0)
+
+    return replicas.LossAndGradients(
+        ReplicaFProp, self.theta, batch, variables, num_replicas,
+        f"Task '{self.path}'")
+
+  def Gradients(self, input_batch: NestedMap
+                ) -> Tuple[NestedMap, Dict[str, Any]]:
+    """(metrics, {path: d loss / d var}) of one training step, no update.
+
+    What TrainStep computes before clipping (training mode, example keys
+    of the current step, every replica); statistics accumulators are left
+    as they were. Call inside a tf.function.
+    """
+    step = self._StepOrZero()
+    with self._Mode(training=True), self.NoStatUpdates():
+      batch = self._WithExampleKeys(input_batch, step)
+      named = self._TrainableVariables()
+      metrics, grads = self._LossAndGradients(batch, [v for _, v in named])
+    return metrics, {path: g for (path, _), g in zip(named, grads)}
 
   def _ApplyUpdates(self, state: NestedMap, lr: tf.Tensor,
                     grads: List[Any],

@@ -20,10 +20,11 @@ workers take turns (docs/DESIGN.md section 15). `StartServer` sees to it.
 from __future__ import annotations
 
 import os
-from typing import Any, List
+from typing import Any, List, Optional
 
 import tensorflow as tf
 
+from lingvo_pipe.core import base_model
 from lingvo_pipe.core import devices
 from lingvo_pipe.core import pipeline_run
 
@@ -109,12 +110,17 @@ def Connect(spec: tf.train.ClusterSpec, job: str = 'worker') -> List[str]:
   return found
 
 
-def PlacePipelines(params: Any, device_names: List[str]) -> int:
+def PlacePipelines(params: Any, device_names: List[str],
+                   replicas: Optional[int] = None) -> int:
   """Sets `devices` of every pipeline params in the tree that has none.
 
-  Returns how many pipelines were placed. A pipeline with more partitions
-  than there are devices is an error naming both numbers.
+  Replica r's partition k goes to device r * K + k (`replicas` defaults to
+  the task params' train.num_replicas, 1 if none). Returns how many
+  pipelines were placed. A pipeline needing more devices than there are
+  is an error naming both numbers.
   """
+  if replicas is None:
+    replicas = base_model.NumReplicas(params)
   placed = 0
   stack = [params]
   while stack:
@@ -127,12 +133,13 @@ def PlacePipelines(params: Any, device_names: List[str]) -> int:
       if 'cell_tpl' in value and 'devices' in value and value.cell_tpl:
         if value.devices is None:
           k = len(value.cell_tpl)
-          if k > len(device_names):
+          if k * replicas > len(device_names):
             raise ValueError(
-                f'A pipeline has {k} partitions but the cluster has '
-                f'{len(device_names)} tasks; add tasks or use fewer '
-                'partitions.')
-          value.devices = list(device_names[:k])
+                f'A pipeline has {k} partitions x {replicas} replica(s) = '
+                f'{k * replicas} tasks but the cluster has '
+                f'{len(device_names)}; add worker tasks or use fewer '
+                'partitions or replicas.')
+          value.devices = list(device_names[:k * replicas])
           placed += 1
       stack.extend(v for _, v in value.IterParams())
   return placed

@@ -49,7 +49,12 @@ def _Matches(wanted: tf.DeviceSpec, have: tf.DeviceSpec) -> bool:
 
 def ResolveDevices(path: str, wanted: Optional[Sequence[str]],
                    num_partitions: int) -> List[str]:
-  """Full names of one device per partition; clear errors otherwise."""
+  """Full names of the devices of every replica; clear errors otherwise.
+
+  Replica r's partition k runs on device r * K + k. With `wanted` None,
+  every default device is listed (replica 0 takes the first K); else every
+  device of `wanted`, which must name at least K.
+  """
   if wanted is None:
     found = devices_lib.DefaultDevices()
     if len(found) < num_partitions:
@@ -57,7 +62,7 @@ def ResolveDevices(path: str, wanted: Optional[Sequence[str]],
           f"PipeliningLayer '{path}' has {num_partitions} partitions but "
           f'only {len(found)} device(s) {found}; set p.devices, or call '
           f'devices.SplitCpu({num_partitions}) before TensorFlow starts.')
-    return found[:num_partitions]
+    return found
   wanted = list(wanted)
   if len(wanted) < num_partitions:
     raise ValueError(
@@ -66,14 +71,17 @@ def ResolveDevices(path: str, wanted: Optional[Sequence[str]],
         'partition.')
   known = [d.name for d in tf.config.list_logical_devices()]
   resolved = []
-  for k, name in enumerate(wanted[:num_partitions]):
+  for i, name in enumerate(wanted):
     spec = tf.DeviceSpec.from_string(name)
     hits = [d for d in known
             if _Matches(spec, tf.DeviceSpec.from_string(d))]
     if not hits:
+      replica = i // num_partitions
+      whose = f'partition {i % num_partitions}' + (
+          f' of replica {replica}' if replica else '')
       raise ValueError(
-          f"PipeliningLayer '{path}': device {name!r} of partition {k} is "
-          f'not one of this runtime\'s devices {known}; fix p.devices.')
+          f"PipeliningLayer '{path}': device {name!r} of {whose} is not "
+          f"one of this runtime's devices {known}; fix p.devices.")
     resolved.append(hits[0])
   return resolved
 
@@ -113,7 +121,9 @@ class PipeliningLayer(base_layer.BaseLayer):
              'then ignored).')
     p.Define('batch_dim', 0, 'Batch axis of every input and output tensor.')
     p.Define('devices', None,
-             'Device of each partition; None takes the first K of '
+             'Device of each partition: replica r (data parallelism, '
+             'BaseTask train.num_replicas) runs partition k on devices[r * '
+             'K + k], and the variables live on replica 0\'s. None: '
              'devices.DefaultDevices().')
     p.Define('recompute', 'always', f'One of {RECOMPUTE_MODES}.')
     return p
@@ -137,17 +147,35 @@ class PipeliningLayer(base_layer.BaseLayer):
       raise ValueError(
           f"PipeliningLayer '{self.path}': micro_batch_size="
           f'{p.micro_batch_size}; use 1 or more, or None.')
-    self._devices = ResolveDevices(self.path, p.devices, len(p.cell_tpl))
+    self._all_devices = ResolveDevices(self.path, p.devices,
+                                       len(p.cell_tpl))
     seed_name = '' if _SubNamesAreUnique(p.cell_tpl) else None
     self._cells = []
     for k, cell_p in enumerate(p.cell_tpl):
-      with tf.device(self._devices[k]):
+      with tf.device(self._all_devices[k]):
         self._cells.append(
             self.CreateChild(f'cell_{k}', cell_p, seed_name=seed_name))
 
   @property
   def devices(self) -> List[str]:
-    return list(self._devices)
+    """The partitions' devices for the current replica (`self.replica`)."""
+    return self.ReplicaDevices(self.replica)
+
+  def NumReplicas(self) -> int:
+    """How many replicas the listed devices hold (at least 1)."""
+    return max(1, len(self._all_devices) // self.num_partitions)
+
+  def ReplicaDevices(self, replica: int) -> List[str]:
+    """Replica `replica`'s device of each partition."""
+    k = len(self.params.cell_tpl)
+    if replica < 0 or (replica + 1) * k > len(self._all_devices):
+      raise ValueError(
+          f"PipeliningLayer '{self.path}': replica {replica} of {k} "
+          f'partitions needs devices {replica * k}..{(replica + 1) * k - 1}'
+          f' but {len(self._all_devices)} are known '
+          f'{self._all_devices}; list num_replicas x {k} devices in '
+          'p.devices (replica r, partition k on device r * K + k).')
+    return list(self._all_devices[replica * k:(replica + 1) * k])
 
   @property
   def cells(self) -> List[base_layer.BaseLayer]:
@@ -210,22 +238,30 @@ class PipeliningLayer(base_layer.BaseLayer):
     if not leaves:
       raise ValueError(f"PipeliningLayer '{self.path}' got no input tensors.")
     num_micro = self.NumMicroBatches(self._BatchSize(leaves))
+    devices = self.devices
     thetas = []
-    for k, dev in enumerate(self._devices):
+    for k, dev in enumerate(devices):
       with tf.device(dev):
         thetas.append(theta[f'cell_{k}'].Transform(tf.convert_to_tensor))
     run = pipeline_run.PipelineRun(
         layer=self, num_micro_batches=num_micro, in_structure=inputs,
-        thetas=thetas)
+        thetas=thetas, devices=devices)
     return run.Call(leaves)
 
-  def Describe(self, batch_size: int) -> str:
-    """A few lines: devices, M, recompute mode, bubble and the timeline."""
+  def Describe(self, batch_size: int, num_replicas: int = 1) -> str:
+    """A few lines: devices, M, recompute mode, bubble and the timeline.
+
+    `batch_size` is one replica's; with several replicas each partition's
+    line lists its device in every replica, separated by ' | '.
+    """
     k = self.num_partitions
     m = self.NumMicroBatches(batch_size)
-    lines = [f"PipeliningLayer '{self.path}': K={k} partitions, M={m} "
+    where = [self.ReplicaDevices(r) for r in range(num_replicas)]
+    head = (f'R={num_replicas} replicas x ' if num_replicas > 1 else '')
+    lines = [f"PipeliningLayer '{self.path}': {head}K={k} partitions, M={m} "
              f'micro-batches, recompute={self.params.recompute}, bubble '
              f'{schedule.BubbleFraction(k, m):.1%}']
-    lines += [f'  partition {i}: {d}' for i, d in enumerate(self._devices)]
+    lines += [f'  partition {i}: ' + ' | '.join(d[i] for d in where)
+              for i in range(k)]
     lines.append(schedule.Timeline(k, m))
     return '\n'.join(lines)

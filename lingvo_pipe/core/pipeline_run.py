@@ -105,10 +105,10 @@ class PipelineRun:
   """The ops of one FProp of a PipeliningLayer (see module docstring)."""
 
   def __init__(self, layer: Any, num_micro_batches: int, in_structure: Any,
-               thetas: List[Any]):
+               thetas: List[Any], devices: List[str]):
     self._layer = layer
     self._cells = layer.cells
-    self._devices = layer.devices
+    self._devices = list(devices)
     self._axis = layer.params.batch_dim
     self._k = len(self._cells)
     self._m = num_micro_batches

@@ -129,9 +129,14 @@ class ClusterTest(absltest.TestCase):
     from lingvo_pipe.core import layers  # pylint: disable=g-import-not-at-top
     p = gpipe.PipeliningLayer.Params().Set(
         cell_tpl=[layers.ProjectionLayer.Params()] * 3)
-    with self.assertRaisesRegex(ValueError, '3 partitions but the cluster '
-                                'has 2 tasks'):
+    with self.assertRaisesRegex(ValueError, r'3 partitions x 1 replica\(s\) '
+                                '= 3 tasks but the cluster has 2;'):
       cluster.PlacePipelines(p, ['/job:worker/task:0', '/job:worker/task:1'])
+    names = [f'/job:worker/task:{i}' for i in range(6)]
+    with self.assertRaisesRegex(ValueError, r'x 3 replica\(s\) = 9 tasks'):
+      cluster.PlacePipelines(p, names, replicas=3)
+    self.assertEqual(cluster.PlacePipelines(p, names, replicas=2), 1)
+    self.assertEqual(p.devices, names)
 
   def _StartServers(self, spec, pin=False):
     """Two servers of `spec` (each on its own core if `pin`); killed later."""

@@ -1,0 +1,132 @@
+"""A tiny pipelined regression task for the data-parallel tests.
+
+y = pipe(x): `num_blocks` blocks of tanh(x w + b) -> [BatchNorm] ->
+dropout (keyed by example), split evenly over K partitions; loss =
+mean_b 0.5 * |y - target|^2. Block names are unique across partitions, so
+initial values and dropout masks do not depend on K (gpipe module
+docstring), and a gradient's name without its `cell_<k>/` part names the
+same variable whatever K.
+"""
+
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from lingvo_pipe.core import base_layer
+from lingvo_pipe.core import base_model
+from lingvo_pipe.core import dropout
+from lingvo_pipe.core import gpipe
+from lingvo_pipe.core import layers
+from lingvo_pipe.core import normalization
+from lingvo_pipe.core import optimizer
+from lingvo_pipe.core.nested_map import NestedMap
+
+DIM = 4
+
+
+class Block(base_layer.BaseLayer):
+  """NestedMap(x [b, DIM], example_keys [b]) -> the same, x through a block."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('batch_norm', False, 'BatchNorm after the projection.')
+    p.Define('keep_prob', 1.0, 'Dropout keep probability.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    self.CreateChild('proj', layers.ProjectionLayer.Params().Set(
+        input_dim=DIM, output_dim=DIM, activation='TANH'))
+    if p.batch_norm:
+      self.CreateChild('bn', normalization.BatchNormLayer.Params().Set(
+          dim=DIM, decay=0.5))
+    self.CreateChild('drop', dropout.DropoutLayer.Params().Set(
+        keep_prob=p.keep_prob))
+
+  def FProp(self, theta, inputs):
+    x = self.proj.FProp(theta.proj, inputs.x)
+    if self.params.batch_norm:
+      x = self.bn.FProp(theta.bn, x)
+    x = self.drop.FProp(theta.drop, x, inputs.example_keys)
+    return NestedMap(x=x, example_keys=inputs.example_keys)
+
+
+class ReplicaTask(base_model.BaseTask):
+  """The module docstring's task; `pipe` params hold K, M and devices."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.dtype = tf.float64
+    p.train.optimizer = optimizer.SGD.Params()
+    p.train.learning_rate = 0.5
+    p.Define('pipe', None, 'PipeliningLayer params (see TaskParams).')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateChild('pipe', self.params.pipe)
+
+  def ComputePredictions(self, theta, input_batch):
+    out = self.pipe.FProp(theta.pipe, NestedMap(
+        x=input_batch.x, example_keys=input_batch.example_keys))
+    return NestedMap(y=out.x)
+
+  def ComputeLoss(self, theta, predictions, input_batch):
+    err = predictions.y - input_batch.y
+    per_example = 0.5 * tf.reduce_sum(tf.square(err), axis=-1)
+    n = tf.cast(tf.shape(err)[0], err.dtype)
+    return {'loss': (tf.reduce_mean(per_example), n)}, NestedMap(
+        loss=per_example)
+
+
+def TaskParams(partitions, micro_batches, replicas=1, devices=None,
+               batch_norm=True, keep_prob=0.7, num_blocks=4):
+  """ReplicaTask params: `num_blocks` blocks over `partitions` cells."""
+  blocks = [Block.Params().Set(name=f'b{i}', batch_norm=batch_norm,
+                               keep_prob=keep_prob)
+            for i in range(num_blocks)]
+  per = num_blocks // partitions
+  cells = [layers.SequentialLayer.Params().Set(sub=blocks[k * per:
+                                                          (k + 1) * per])
+           for k in range(partitions)]
+  p = ReplicaTask.Params().Set(name='task')
+  p.pipe = gpipe.PipeliningLayer.Params().Set(
+      name='pipe', cell_tpl=cells, num_micro_batches=micro_batches,
+      devices=devices)
+  p.train.num_replicas = replicas
+  return p
+
+
+def Batch(size=8, seed=0):
+  x = tf.random.stateless_normal([size, DIM], [seed, 1], dtype=tf.float64)
+  y = tf.random.stateless_normal([size, DIM], [seed, 2], dtype=tf.float64)
+  return NestedMap(x=x, y=y)
+
+
+def Name(path):
+  """A variable's path without the partition: the same for every K."""
+  return re.sub(r'/cell_\d+', '', path)
+
+
+def Gradients(task, batch):
+  """(loss, {Name(path): gradient}) as numpy, from task.Gradients."""
+  loss_and_grads = tf.function(task.Gradients, autograph=False)(batch)
+  metrics, grads = loss_and_grads
+  return float(metrics.loss[0]), {Name(k): np.asarray(v)
+                                  for k, v in grads.items()}
+
+
+def Values(task):
+  """{Name(path): value} of every variable (trainable or not)."""
+  return {Name(k): v.numpy() for k, v in task.VariablesByPath().items()}
+
+
+def Worst(a, b):
+  """Largest absolute difference between two {name: array} of equal keys."""
+  if sorted(a) != sorted(b):
+    raise AssertionError(f'different variables: {sorted(a)} vs {sorted(b)}')
+  return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
