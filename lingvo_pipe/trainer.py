@@ -14,6 +14,13 @@ Jobs (`--job`):
   server         serve task --task_index of the worker job of
                  --cluster_spec (a tf.distribute.Server) until killed.
 
+Where it runs: `--run_locally=cpu` (logical CPUs), `gpu`, or `processes`
+(one pinned worker server per device, started and stopped by the
+trainer); or `--cluster_spec` of running servers. `--num_replicas=R`
+adds data parallelism (R x K devices or tasks). With a cluster, a worker
+that is unreachable, too few tasks, a server of another cluster, or a
+worker lost mid-run ends the run with one line naming the task.
+
 Layout of the logdir: `params.txt` (the final params), `train/` (checkpoints
 and training summaries), `eval_<dataset>/`, `decode_<dataset>/` (summaries).
 This is the only module that defines flags.
@@ -21,6 +28,7 @@ This is the only module that defines flags.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -38,10 +46,16 @@ flags.DEFINE_string('model', None, 'Registered model key, e.g. '
                     "one's own importable module.")
 flags.DEFINE_string('logdir', None, 'Directory for checkpoints, summaries '
                     'and params.txt.')
-flags.DEFINE_enum('run_locally', 'cpu', ['cpu', 'gpu'],
-                  'cpu: split the CPU into as many logical devices as the '
-                  "model's pipelines have partitions; gpu: use the visible "
-                  'GPUs.')
+flags.DEFINE_enum('run_locally', 'cpu', ['cpu', 'gpu', 'processes'],
+                  'Without --cluster_spec: cpu: split the CPU into as many '
+                  'logical devices as the model needs (replicas x '
+                  'partitions); gpu: use the visible GPUs; processes: start '
+                  'one worker server per device on 127.0.0.1, each pinned '
+                  'to a core (round-robin), train against them and stop '
+                  'them on exit.')
+flags.DEFINE_integer('worker_timeout_secs', 60,
+                     'With a cluster: how long to wait for every worker '
+                     'task to come up before saying which is unreachable.')
 flags.DEFINE_integer('num_replicas', 0,
                      'Data-parallel replicas of the model (R): replica r '
                      'runs partition k of each pipeline on device (or '
@@ -334,6 +348,7 @@ class Runner:
 
 
 def _Run() -> None:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import base_model  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
   if FLAGS.job == 'server':
@@ -345,13 +360,78 @@ def _Run() -> None:
   p = LoadParams(FLAGS.model, FLAGS.model_params_override,
                  FLAGS.model_params_file_override, FLAGS.data_dir,
                  FLAGS.num_replicas)
-  if FLAGS.cluster_spec:
-    names = cluster.Connect(cluster.ParseClusterSpec(FLAGS.cluster_spec))
-    cluster.PlacePipelines(p.task, names)
-  else:
-    SetUpDevices(FLAGS.run_locally, base_model.NumDevicesNeeded(p.task),
-                 FLAGS.share_cores)
   os.makedirs(FLAGS.logdir, exist_ok=True)
+  with contextlib.ExitStack() as stack:
+    spec_text = FLAGS.cluster_spec
+    if not spec_text and FLAGS.run_locally == 'processes':
+      spec_text = _StartLocalWorkers(p, stack)
+    if not spec_text:
+      SetUpDevices(FLAGS.run_locally, base_model.NumDevicesNeeded(p.task),
+                   FLAGS.share_cores)
+      _RunJob(p)
+      return
+    spec = cluster.ParseClusterSpec(spec_text)
+    _CheckTaskCount(p, spec)
+    names = cluster.Connect(spec, timeout_secs=FLAGS.worker_timeout_secs)
+    cluster.PlacePipelines(p.task, names)
+    watchdog = cluster.Watchdog(
+        spec, lambda *lost: f'error: {_WorkerLost(*lost)}').Start()
+    stack.callback(watchdog.Stop)
+    try:
+      _RunJob(p)
+    except tf.errors.OpError as err:
+      failed = (watchdog.dead[:2] if watchdog.dead else
+                cluster.FailedTask(err, spec))
+      if failed is None:
+        raise
+      raise TrainingStopped(_WorkerLost(*failed, _Reason(err))) from None
+
+
+def _CheckTaskCount(p: Any, spec: Any) -> None:
+  """A clear error, before connecting, if the cluster is too small."""
+  from lingvo_pipe.core import base_model  # pylint: disable=g-import-not-at-top
+  needed = base_model.NumDevicesNeeded(p.task)
+  have = spec.num_tasks('worker') if 'worker' in spec.jobs else 0
+  if have < needed:
+    replicas = base_model.NumReplicas(p.task)
+    raise TrainingStopped(
+        f'The model needs {needed} worker tasks ({replicas} replica(s) x '
+        f'{needed // replicas} partition(s)) but --cluster_spec lists '
+        f'{have}; add worker tasks, or use fewer replicas or partitions.')
+
+
+def _Reason(err: Exception) -> str:
+  """A short cause from a runtime error's long message."""
+  import re  # pylint: disable=g-import-not-at-top
+  hit = re.search(r'Socket closed|Connection reset by peer|Connection '
+                  r'refused|Failed to connect to remote host', str(err))
+  return hit.group(0) if hit else type(err).__name__
+
+
+def _WorkerLost(task: int, address: str, why: str) -> str:
+  """One line: which worker went away, what is kept, what to do."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  latest = tf.train.latest_checkpoint(os.path.join(FLAGS.logdir, 'train'))
+  kept = (f'the last checkpoint is {latest}' if latest else
+          'no checkpoint was written yet')
+  return (f'Worker task {task} at {address} went away ({why}); training '
+          f'stopped and {kept}. Restart the worker, then the trainer: it '
+          'resumes from the last checkpoint.')
+
+
+def _StartLocalWorkers(p: Any, stack: contextlib.ExitStack) -> str:
+  """Starts one pinned worker server per device the model needs."""
+  from lingvo_pipe.core import base_model  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import local_workers  # pylint: disable=g-import-not-at-top
+  needed = base_model.NumDevicesNeeded(p.task)
+  log_dir = os.path.join(FLAGS.logdir, 'workers')
+  workers = stack.enter_context(local_workers.LocalWorkers(needed, log_dir))
+  print(f'Started {needed} local worker process(es), one core each '
+        f'(round-robin): {workers.spec}; logs in {log_dir}.', flush=True)
+  return workers.spec
+
+
+def _RunJob(p: Any) -> None:
   text = p.ToText()
   logging.info('Model params:\n%s', text)
   if FLAGS.job == 'trainer':
@@ -370,12 +450,19 @@ def _Main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   from lingvo_pipe.core import params_text  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import local_workers  # pylint: disable=g-import-not-at-top
   try:
     _Run()
   except (TrainingStopped, LookupError, params_text.ParamsTextError,
-          FileNotFoundError) as err:
+          FileNotFoundError, local_workers.WorkersFailed,
+          cluster.ClusterError) as err:
     print(f'error: {err}', file=sys.stderr, flush=True)
     sys.exit(1)
+  except KeyboardInterrupt:
+    print('Interrupted; checkpoints written so far are kept.',
+          file=sys.stderr, flush=True)
+    sys.exit(130)
 
 
 def main() -> None:

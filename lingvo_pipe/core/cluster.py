@@ -9,6 +9,19 @@ runs on worker task k:
                    --gRPC--> worker task 1: partition 1 ...
 
 TensorFlow's runtime moves the activations between tasks (Send/Recv).
+With R data-parallel replicas, replica r's partition k runs on task
+r * K + k (`PlacePipelines`).
+
+Failures (measured on loopback, docs/DESIGN.md section 16): by default
+TensorFlow waits without limit for a task that is not up, and for one
+that stops answering. So `Connect` first waits, bounded, until every
+task answers a gRPC handshake and names the ones that do not, and sets
+GRPC_FAIL_FAST so that a task that goes away fails the call in
+milliseconds instead of hanging; `Watchdog` probes every task during
+training and ends the process if one stops answering. A server started
+for another cluster spec would silently serve ours (the client's spec
+replaces the server's): `StartServer` leaves a note of its spec on its
+host, which `Connect` reads through the task itself and compares.
 
 A worker needs at least two inter-op threads for the partitions to overlap:
 with one (a server pinned to one core gets one by default) its executor
@@ -19,8 +32,15 @@ workers take turns (docs/DESIGN.md section 15). `StartServer` sees to it.
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, List, Optional
+import re
+import socket
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -30,6 +50,13 @@ from lingvo_pipe.core import pipeline_run
 
 # What TensorFlow reads for its default inter-op thread count.
 _INTER_OP_ENV = 'TF_NUM_INTEROP_THREADS'
+# gRPC: fail a call at once when its channel is down instead of waiting.
+_FAIL_FAST_ENV = 'GRPC_FAIL_FAST'
+_TASK_RE = re.compile(r'/job:(\w+)/replica:\d+/task:(\d+)')
+
+
+class ClusterError(RuntimeError):
+  """The cluster cannot run the model; one line says which task and why."""
 
 
 def ParseClusterSpec(text: str) -> tf.train.ClusterSpec:
@@ -60,8 +87,23 @@ def StartServer(spec: tf.train.ClusterSpec, job: str,
         f'Task {task_index} of job {job!r} is not in the cluster spec '
         f'{spec.as_dict()}; fix --task_index or --cluster_spec.')
   EnsureInterOpThreads()
-  return tf.distribute.Server(spec, job_name=job, task_index=task_index,
-                              start=True)
+  server = tf.distribute.Server(spec, job_name=job, task_index=task_index,
+                                start=True)
+  address = spec.task_address(job, task_index)
+  with open(_NotePath(address), 'w', encoding='utf-8') as f:
+    json.dump(_Note(spec, job, task_index), f)
+  return server
+
+
+def _NotePath(address: str) -> str:
+  """Where a server notes its cluster spec, on its own host."""
+  port = address.rsplit(':', 1)[-1]
+  return os.path.join(tempfile.gettempdir(),
+                      f'lingvo_pipe_worker_{port}.json')
+
+
+def _Note(spec: tf.train.ClusterSpec, job: str, task: int) -> dict:
+  return {'cluster': spec.as_dict(), 'job': job, 'task': task}
 
 
 def EnsureInterOpThreads(minimum: int = 2) -> int:
@@ -83,13 +125,70 @@ def EnsureInterOpThreads(minimum: int = 2) -> int:
   return cores
 
 
-def Connect(spec: tf.train.ClusterSpec, job: str = 'worker') -> List[str]:
+def Probe(address: str, timeout: float = 2.0) -> Optional[str]:
+  """None if a gRPC server answers at host:port, else why not (a phrase).
+
+  A TCP connection alone is not enough: a frozen process's port still
+  accepts one, but no gRPC handshake follows.
+  """
+  import grpc  # pylint: disable=g-import-not-at-top  (TensorFlow's own dep)
+  host, _, port = address.rpartition(':')
+  try:
+    socket.create_connection((host, int(port)), timeout=timeout).close()
+  except OSError as err:
+    return f'no connection: {err.strerror or err}'
+  channel = grpc.insecure_channel(address)
+  try:
+    grpc.channel_ready_future(channel).result(timeout=timeout)
+  except grpc.FutureTimeoutError:
+    return f'no gRPC answer within {timeout:.0f} s'
+  finally:
+    channel.close()
+  return None
+
+
+def WaitForTasks(spec: tf.train.ClusterSpec, job: str,
+                 timeout_secs: float) -> None:
+  """Returns once every task of `job` answers; ClusterError at the deadline."""
+  deadline = time.monotonic() + timeout_secs
+  pending = {t: spec.task_address(job, t) for t in range(spec.num_tasks(job))}
+  while True:
+    why = {}
+    for task, address in list(pending.items()):
+      left = max(0.1, deadline - time.monotonic())
+      why[task] = Probe(address, min(2.0, left))
+      if why[task] is None:
+        del pending[task]
+    if not pending:
+      return
+    if time.monotonic() >= deadline:
+      first = min(pending)
+      more = (f' (and {len(pending) - 1} more task(s): '
+              f'{sorted(pending)[1:]})' if len(pending) > 1 else '')
+      raise ClusterError(
+          f'Worker task {first} at {pending[first]} is unreachable after '
+          f'{timeout_secs:.0f} s ({why[first]}){more}; start its server '
+          f'(python -m lingvo_pipe.trainer --job=server --cluster_spec=... '
+          f'--task_index={first}) or fix --cluster_spec.')
+    time.sleep(0.5)
+
+
+def Connect(spec: tf.train.ClusterSpec, job: str = 'worker',
+            timeout_secs: Optional[float] = None) -> List[str]:
   """Connects this client; returns one device per task of `job`.
 
   The device of a task is its first GPU if it has one, else its first CPU.
+  With `timeout_secs`, first waits that long at most for every task to
+  answer (ClusterError naming the first that does not). Either way a
+  task that goes away later fails the call that needs it at once
+  (GRPC_FAIL_FAST), and a server started for another cluster spec is a
+  ClusterError.
   """
   if job not in spec.jobs:
     raise ValueError(f'The cluster spec {spec.as_dict()} has no job {job!r}.')
+  os.environ.setdefault(_FAIL_FAST_ENV, 'true')
+  if timeout_secs is not None:
+    WaitForTasks(spec, job, timeout_secs)
   pipeline_run.ShareCallBodies()  # before connecting: workers get it too
   tf.config.experimental_connect_to_cluster(spec)
   remote = [tf.DeviceSpec.from_string(d.name)
@@ -107,7 +206,98 @@ def Connect(spec: tf.train.ClusterSpec, job: str = 'worker') -> List[str]:
       raise RuntimeError(
           f'Task {task} of job {job!r} shows no devices; is its server '
           'running?')
+  _CheckSameCluster(spec, job, found)
   return found
+
+
+def _CheckSameCluster(spec: tf.train.ClusterSpec, job: str,
+                      devices_of_tasks: List[str]) -> None:
+  """ClusterError if a task's server noted another spec or task index.
+
+  The note is read by the task itself (tf.io.read_file placed on it), so
+  on its own host; a server without a note (not started by StartServer)
+  is not checked.
+  """
+  for task, device in enumerate(devices_of_tasks):
+    address = spec.task_address(job, task)
+    try:
+      with tf.device(device):
+        text = tf.io.read_file(_NotePath(address)).numpy()
+    except tf.errors.NotFoundError:
+      continue
+    note = json.loads(text)
+    if note != _Note(spec, job, task):
+      raise ClusterError(
+          f'Worker task {task} at {address} serves another cluster (started '
+          f"as task {note['task']} of {note['cluster']}, not task {task} of "
+          f'{spec.as_dict()}); restart it with this --cluster_spec and '
+          f'--task_index={task}, or fix --cluster_spec.')
+
+
+def FailedTask(err: BaseException, spec: tf.train.ClusterSpec,
+               job: str = 'worker') -> Optional[Tuple[int, str]]:
+  """(task, address) of the worker a runtime error says went away, or None.
+
+  For UnavailableError (a task was killed or its connection broke): the
+  task the message names, else the first task that does not answer now.
+  """
+  if not isinstance(err, (tf.errors.UnavailableError,
+                          tf.errors.AbortedError)):
+    return None
+  for name, task in _TASK_RE.findall(str(err)):
+    if name == job and int(task) < spec.num_tasks(job):
+      return int(task), spec.task_address(job, int(task))
+  for task in range(spec.num_tasks(job)):
+    address = spec.task_address(job, task)
+    if Probe(address, 1.0) is not None:
+      return task, address
+  return None
+
+
+class Watchdog:
+  """Ends this process if a worker stops answering during training.
+
+  A worker killed outright fails the running call at once (GRPC_FAIL_FAST),
+  but a frozen one (a hung host, a partition) leaves it waiting forever.
+  A daemon thread probes every task each `interval` s; after `failures`
+  failed probes in a row of one task it records it in `dead`, gives the
+  main thread `grace` s to stop on its own (the trainer's error then names
+  the task), and otherwise prints `message(task, address, why)` and exits
+  the process with status 1 (checkpoints already written stay).
+  """
+
+  def __init__(self, spec: tf.train.ClusterSpec, message: Any,
+               job: str = 'worker', interval: float = 2.0,
+               failures: int = 3, grace: float = 10.0):
+    self._addresses = [spec.task_address(job, t)
+                       for t in range(spec.num_tasks(job))]
+    self._message = message
+    self._interval, self._failures, self._grace = interval, failures, grace
+    self._stop = threading.Event()
+    self.dead: Optional[Tuple[int, str, str]] = None
+    self._thread = threading.Thread(target=self._Run, daemon=True,
+                                    name='lingvo_pipe_watchdog')
+
+  def Start(self) -> 'Watchdog':
+    self._thread.start()
+    return self
+
+  def Stop(self) -> None:
+    self._stop.set()
+
+  def _Run(self) -> None:
+    misses = [0] * len(self._addresses)
+    while not self._stop.wait(self._interval):
+      for task, address in enumerate(self._addresses):
+        why = Probe(address, self._interval)
+        misses[task] = 0 if why is None else misses[task] + 1
+        if misses[task] >= self._failures:
+          self.dead = (task, address, why)
+          if self._stop.wait(self._grace):
+            return
+          print(self._message(task, address, why), file=sys.stderr,
+                flush=True)
+          os._exit(1)  # pylint: disable=protected-access
 
 
 def PlacePipelines(params: Any, device_names: List[str],
