@@ -12,7 +12,7 @@ TensorFlow's runtime moves the activations between tasks (Send/Recv).
 With R data-parallel replicas, replica r's partition k runs on task
 r * K + k (`PlacePipelines`).
 
-Failures (measured on loopback, docs/DESIGN.md section 16): by default
+Failures (measured on loopback, docs/DESIGN.md section 17): by default
 TensorFlow waits without limit for a task that is not up, and for one
 that stops answering. So `Connect` first waits, bounded, until every
 task answers a gRPC handshake and names the ones that do not, and sets

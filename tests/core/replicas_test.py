@@ -51,10 +51,16 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLen(grads, 16)  # 4 blocks: w, b, gamma, beta
     self.assertAllClose(loss, ref_loss, atol=_TOL, rtol=0)
     self.assertLess(replica_task.Worst(grads, ref_grads), _TOL)
-    # Not trivially equal: replicas of the whole batch each would differ.
-    half_loss, _ = replica_task.Gradients(
-        _Task(1, micro, 1), tf.nest.map_structure(lambda t: t[:4], batch))
-    self.assertGreater(abs(half_loss - loss), 1e-6)
+
+  def testEachReplicaTakesItsOwnSlice(self):
+    """The loss is not that of one slice (as if each replica saw it)."""
+    batch = replica_task.Batch()
+    loss, _ = replica_task.Gradients(_Task(1, 2, 2), batch)
+    for i in (0, 1):
+      half = tf.nest.map_structure(lambda t, i=i: t[i * 4:(i + 1) * 4],
+                                   batch)
+      half_loss, _ = replica_task.Gradients(_Task(1, 2, 1), half)
+      self.assertGreater(abs(half_loss - loss), 1e-6)
 
   def testTrainStepMatchesOneReplicaWithBatchNormStatistics(self):
     batch = replica_task.Batch()
