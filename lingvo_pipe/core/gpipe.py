@@ -161,10 +161,6 @@ class PipeliningLayer(base_layer.BaseLayer):
     """The partitions' devices for the current replica (`self.replica`)."""
     return self.ReplicaDevices(self.replica)
 
-  def NumReplicas(self) -> int:
-    """How many replicas the listed devices hold (at least 1)."""
-    return max(1, len(self._all_devices) // self.num_partitions)
-
   def ReplicaDevices(self, replica: int) -> List[str]:
     """Replica `replica`'s device of each partition."""
     k = len(self.params.cell_tpl)
