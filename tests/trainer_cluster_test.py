@@ -149,7 +149,7 @@ class TrainerClusterTest(trainer_testlib.TrainerTestBase):
         r'is \S+/ckpt-\d+\.')
 
   def testUnreachableWorkersAreNamed(self):
-    ports = local_workers._FreePorts(2)  # pylint: disable=protected-access
+    ports = local_workers.FreePorts(2)
     spec = 'worker=' + ','.join(f'127.0.0.1:{p}' for p in ports)
     began = time.time()
     result = self._Run(self.create_tempdir().full_path,
@@ -175,7 +175,7 @@ class TrainerClusterTest(trainer_testlib.TrainerTestBase):
         'fewer replicas or partitions.')
 
   def testWorkerOfAnotherClusterIsRefused(self):
-    ports = local_workers._FreePorts(3)  # pylint: disable=protected-access
+    ports = local_workers.FreePorts(3)
     ours = f'worker=127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}'
     theirs = f'worker=127.0.0.1:{ports[1]},127.0.0.1:{ports[2]}'
     servers = []

@@ -3,7 +3,7 @@
   .venv/bin/python bench/scaling/replicas.py [--rounds=10] [--warmup=2]
       [--micro_batches=8] [--json_out=FILE]
 
-Part 1, two workers, task i pinned to core i (`servers.py`): one client
+Part 1, two workers, task i pinned to core i (`LocalWorkers`): one client
 times one training step (`BaseTask.TrainStep`: forward, loss, gradients,
 the sum over replicas, SGD update) of bench/gpipe's stack in every
 configuration, interleaved over rounds:
@@ -48,9 +48,9 @@ from lingvo_pipe.core import base_model  # noqa: E402
 from lingvo_pipe.core import cluster  # noqa: E402
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
+from lingvo_pipe.core import local_workers  # noqa: E402
 from lingvo_pipe.core import optimizer  # noqa: E402
 
-import servers  # noqa: E402
 import throughput  # noqa: E402
 import stack as stack_lib  # noqa: E402  (bench/gpipe)
 
@@ -198,7 +198,7 @@ def _Run(configs: List[Config], cores: List[int], exchange: bool,
          args: argparse.Namespace) -> Dict[str, dict]:
   tasks = max(r * k for r, k, _ in configs)
   with tempfile.TemporaryDirectory(prefix='replicas_') as logs:
-    with servers.Workers(tasks, logs, cores=cores) as workers:
+    with local_workers.LocalWorkers(tasks, logs, cores=cores) as workers:
       child = subprocess.run(
           [sys.executable, os.path.abspath(__file__), '--client',
            f'--cluster_spec={workers.spec}', f'--rounds={args.rounds}',

@@ -5,15 +5,15 @@
       [--json_out=FILE]
 
 throughput: 2 `tf.distribute.Server` workers on 127.0.0.1, worker i
-pinned to core i (`servers.py`), fresh for each recompute mode. One
-client process per mode (`throughput.py`) builds every configuration of
-it (the stack of bench/gpipe/stack.py, K in 1, 2, M in 1 .. 32;
-partition k on task k), warms each up (--warmup), then times --rounds
-rounds of one step of each, interleaved. Reported: median
+pinned to core i (`local_workers.LocalWorkers`), fresh for each
+recompute mode. One client process per mode (`throughput.py`) builds
+every configuration of it (the stack of bench/gpipe/stack.py, K in 1, 2,
+M in 1 .. 32; partition k on task k), warms each up (--warmup), then
+times --rounds rounds of one step of each, interleaved. Reported: median
 seconds per step; throughput = t(K=1, M=1) / t of the same mode; ideal =
 K*M / (M+K-1), the GPipe bubble's bound; measured / ideal; CPU seconds
-per step of each worker process; worker CPU / wall, how many cores' worth
-of work the workers did at once (up to K).
+per step of each worker process; worker CPU / wall, how many cores'
+worth of work the workers did at once (up to K).
 
 startup: one process per configuration (`startup.py`), K logical CPUs
 (`devices.SplitCpu`), a narrower stack (d=64, ff=256), K in 2, 4, 8, M in
@@ -42,8 +42,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from lingvo_pipe.core import local_workers  # noqa: E402
+
 import proc  # noqa: E402  (bench/gpipe)
-import servers  # noqa: E402
 import stack as stack_lib  # noqa: E402  (bench/gpipe)
 
 Setup = stack_lib.Setup
@@ -87,7 +88,7 @@ def _RunChild(script: str, flags: List[str], timeout: float) -> dict:
 # ---- throughput -------------------------------------------------------------
 
 
-def _ClientFlags(workers: servers.Workers, stack: stack_lib.Stack,
+def _ClientFlags(workers: local_workers.LocalWorkers, stack: stack_lib.Stack,
                  setups: List[Setup], args: argparse.Namespace) -> List[str]:
   return [f'--cluster_spec={workers.spec}',
           '--worker_pids=' + ','.join(map(str, workers.pids)),
@@ -96,11 +97,11 @@ def _ClientFlags(workers: servers.Workers, stack: stack_lib.Stack,
           '--setups=' + ';'.join(s.ToText() for s in setups)]
 
 
-def _ServerRssMiB(workers: servers.Workers) -> List[float]:
+def _ServerRssMiB(workers: local_workers.LocalWorkers) -> List[float]:
   return [proc.StatusKiB('VmRSS', pid) / 1024 for pid in workers.pids]
 
 
-def _OneClient(workers: servers.Workers, stack: stack_lib.Stack,
+def _OneClient(workers: local_workers.LocalWorkers, stack: stack_lib.Stack,
                setups: List[Setup], args: argparse.Namespace
                ) -> Dict[str, dict]:
   """All `setups` in one client on fresh workers; tried twice."""
@@ -131,7 +132,7 @@ def MeasureThroughput(stack: stack_lib.Stack, ks: Sequence[int],
   """label -> throughput.py's record (or {'error'}); one client per mode."""
   out = {}
   with tempfile.TemporaryDirectory(prefix='scaling_servers_') as logs:
-    workers = servers.Workers(max(ks), logs)
+    workers = local_workers.LocalWorkers(max(ks), logs)
     for mode in modes:
       start = time.time()
       setups = [Setup('pipe', k, m, mode) for k in ks for m in ms]

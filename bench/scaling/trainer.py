@@ -35,14 +35,15 @@ from typing import Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
+_REPO = os.path.dirname(os.path.dirname(HERE))  # the checkout
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import tensorflow as tf  # noqa: E402
 from tensorflow.core.util import event_pb2  # noqa: E402
 
+from lingvo_pipe.core import local_workers  # noqa: E402
 from lingvo_pipe.core import model_registry  # noqa: E402
 
-import servers  # noqa: E402
 
 PLACEMENTS = {'two cores': [0, 1], 'one core': [0, 0]}
 
@@ -87,7 +88,7 @@ def RunOnce(args: argparse.Namespace, cores: List[int], log_dir: str,
       f'task.train.save_interval_steps : {10 * args.steps}',
       'task.train.eval_interval_steps : 0',
       'task.train.eval_steps : 1'])
-  with servers.Workers(2, log_dir, cores=cores) as workers, \
+  with local_workers.LocalWorkers(2, log_dir, cores=cores) as workers, \
       tempfile.TemporaryDirectory(prefix='trainer_bench_') as logdir:
     log = os.path.join(log_dir, 'trainer.log')
     with open(log, 'w') as out:
@@ -96,7 +97,7 @@ def RunOnce(args: argparse.Namespace, cores: List[int], log_dir: str,
            f'--model={args.model}', f'--logdir={logdir}',
            f'--cluster_spec={workers.spec}',
            f'--model_params_override={overrides}'],
-          cwd=servers.REPO, timeout=args.timeout, stdin=subprocess.DEVNULL,
+          cwd=_REPO, timeout=args.timeout, stdin=subprocess.DEVNULL,
           stdout=out, stderr=subprocess.STDOUT,
           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
     if done.returncode:

@@ -192,7 +192,7 @@ class LocalWorkers:
 
   def _PickPorts(self) -> List[int]:
     """A port per task (tests override this and _ServerCommand)."""
-    return _FreePorts(self._num_tasks)
+    return FreePorts(self._num_tasks)
 
   def _ServerCommand(self, task: int) -> List[str]:
     """The server of task `task`, without the pinning."""
@@ -252,7 +252,7 @@ def _AllowedCores() -> List[int]:
   return list(range(os.cpu_count() or 1))
 
 
-def _FreePorts(num: int) -> List[int]:
+def FreePorts(num: int) -> List[int]:
   """`num` distinct TCP ports of 127.0.0.1 that were free a moment ago."""
   sockets = []
   try:

@@ -7,7 +7,6 @@ and that every gradient equals the local unpipelined reference.
 """
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,15 +15,7 @@ from absl.testing import absltest
 
 from lingvo_pipe.core import cluster
 from lingvo_pipe.core import devices
-
-_SERVER = '''
-import sys
-from lingvo_pipe.core import cluster
-server = cluster.StartServer(cluster.ParseClusterSpec(sys.argv[1]), 'worker',
-                             int(sys.argv[2]))
-print('ready', flush=True)
-server.join()
-'''
+from lingvo_pipe.core import local_workers
 
 _CLIENT = '''
 import sys
@@ -101,12 +92,6 @@ print('medians', *medians, flush=True)
 """
 
 
-def _FreePort():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 class ClusterTest(absltest.TestCase):
 
   def testParseClusterSpec(self):
@@ -138,20 +123,11 @@ class ClusterTest(absltest.TestCase):
     self.assertEqual(cluster.PlacePipelines(p, names, replicas=2), 1)
     self.assertEqual(p.devices, names)
 
-  def _StartServers(self, spec, pin=False):
-    """Two servers of `spec` (each on its own core if `pin`); killed later."""
-    servers = []
-    self.addCleanup(_Stop, servers)
-    for task in (0, 1):
-      command = [sys.executable, '-c', textwrap.dedent(_SERVER), spec,
-                 str(task)]
-      if pin:
-        command = ['taskset', '-c', str(task)] + command
-      servers.append(subprocess.Popen(
-          command, env=self._env, stdout=subprocess.PIPE,
-          stderr=subprocess.DEVNULL, text=True))
-    for proc in servers:
-      self.assertEqual(proc.stdout.readline().strip(), 'ready')
+  def _StartServers(self):
+    """Two servers, task i pinned to core i (LocalWorkers); stopped later."""
+    workers = local_workers.LocalWorkers(2, self.create_tempdir().full_path)
+    self.addCleanup(workers.Stop)
+    return workers.Start().spec
 
   def setUp(self):
     super().setUp()
@@ -168,8 +144,7 @@ class ClusterTest(absltest.TestCase):
     return client.stdout
 
   def testPipelineOnTwoServers(self):
-    spec = f'worker=127.0.0.1:{_FreePort()},127.0.0.1:{_FreePort()}'
-    self._StartServers(spec)
+    spec = self._StartServers()
     out = self._Client(_CLIENT, spec)
     self.assertIn("'/job:worker/replica:0/task:1/device:CPU:0'", out)
     self.assertTrue(out.strip().endswith('ok'), out)
@@ -193,18 +168,13 @@ class ClusterTest(absltest.TestCase):
     """
     if devices.NumCores() < 2:
       self.skipTest('needs 2 cores')
-    spec = f'worker=127.0.0.1:{_FreePort()},127.0.0.1:{_FreePort()}'
-    self._StartServers(spec, pin=True)
+    spec = self._StartServers()
     out = self._Client(_OVERLAP_CLIENT, spec)
     one_task, two_tasks = map(float, out.split('medians')[1].split())
     self.assertGreater(one_task / two_tasks, 1.25,
                        f'one task {one_task:.3f} s, two {two_tasks:.3f} s')
 
 
-def _Stop(servers):
-  for proc in servers:
-    proc.kill()
-    proc.wait()
 
 if __name__ == '__main__':
   absltest.main()
