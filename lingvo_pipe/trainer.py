@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -402,7 +403,6 @@ def _CheckTaskCount(p: Any, spec: Any) -> None:
 
 def _Reason(err: Exception) -> str:
   """A short cause from a runtime error's long message."""
-  import re  # pylint: disable=g-import-not-at-top
   hit = re.search(r'Socket closed|Connection reset by peer|Connection '
                   r'refused|Failed to connect to remote host', str(err))
   return hit.group(0) if hit else type(err).__name__

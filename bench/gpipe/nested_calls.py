@@ -14,9 +14,10 @@ one tape (no pipeline), the layers called as
 
 One subprocess per variant prints graph ops, trace seconds, the seconds
 of the first three calls (the first one optimises the graph) and RSS
-growth from after building the layers to after those calls; then one more subprocess
-builds all three and times them in `--rounds` interleaved rounds, since
-step times from different processes are not comparable on this machine.
+growth from after building the layers to after those calls; then one
+more subprocess builds all three and times them in `--rounds`
+interleaved rounds, since step times from different processes are not
+comparable on this machine.
 """
 
 import argparse

@@ -163,7 +163,7 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   def ReplicaDevices(self, replica: int) -> List[str]:
     """Replica `replica`'s device of each partition."""
-    k = len(self.params.cell_tpl)
+    k = self.num_partitions
     if replica < 0 or (replica + 1) * k > len(self._all_devices):
       raise ValueError(
           f"PipeliningLayer '{self.path}': replica {replica} of {k} "
