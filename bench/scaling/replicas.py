@@ -1,7 +1,7 @@
 """Data parallelism x pipeline across pinned worker processes.
 
   .venv/bin/python bench/scaling/replicas.py [--rounds=10] [--warmup=2]
-      [--micro_batches=8] [--json_out=FILE]
+      [--core_rounds=5] [--json_out=FILE]
 
 Part 1, two workers, task i pinned to core i (`LocalWorkers`): one client
 times one training step (`BaseTask.TrainStep`: forward, loss, gradients,
@@ -21,6 +21,9 @@ against R=1 K=2 and R=1 K=1 on the same workers, for correctness (the
 first step's loss and gradient norm against R=1 K=1's, from the same
 weights and batch) and overhead only: two cores cannot run four
 partitions at once.
+
+Part 0, no TensorFlow: what the two cores give a single-threaded numpy
+program run on both at once (`cores.py`), the machine's own ceiling.
 
 Prints markdown tables; --json_out keeps every raw time. One process
 measures at a time; nothing else should run on the machine meanwhile.
@@ -51,6 +54,7 @@ from lingvo_pipe.core import layers  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 from lingvo_pipe.core import optimizer  # noqa: E402
 
+import cores  # noqa: E402
 import throughput  # noqa: E402
 import stack as stack_lib  # noqa: E402  (bench/gpipe)
 
@@ -194,11 +198,11 @@ def _Client(args: argparse.Namespace) -> None:
 # ---- the driver -------------------------------------------------------------
 
 
-def _Run(configs: List[Config], cores: List[int], exchange: bool,
+def _Run(configs: List[Config], pin: List[int], exchange: bool,
          args: argparse.Namespace) -> Dict[str, dict]:
   tasks = max(r * k for r, k, _ in configs)
   with tempfile.TemporaryDirectory(prefix='replicas_') as logs:
-    with local_workers.LocalWorkers(tasks, logs, cores=cores) as workers:
+    with local_workers.LocalWorkers(tasks, logs, cores=pin) as workers:
       child = subprocess.run(
           [sys.executable, os.path.abspath(__file__), '--client',
            f'--cluster_spec={workers.spec}', f'--rounds={args.rounds}',
@@ -271,6 +275,8 @@ def _Args() -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=10)
   parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--core_rounds', type=int, default=5,
+                      help='rounds of the numpy core probe (part 0)')
   parser.add_argument('--timeout', type=float, default=3600)
   parser.add_argument('--json_out', default='')
   parser.add_argument('--client', action='store_true', help=argparse.SUPPRESS)
@@ -291,6 +297,9 @@ def main() -> None:
         f'{time.strftime("%Y-%m-%d %H:%M")}, nproc {os.cpu_count()}, '
         f'TensorFlow {tf.__version__}, load {os.getloadavg()[0]:.2f}',
         flush=True)
+  part0 = cores.Measure(args.core_rounds)
+  print('\n### The two cores without TensorFlow (cores.py)\n\n' +
+        cores.Table(part0), flush=True)
   part1 = _Run(PART1, [0, 1], True, args)
   print('\n### Two workers, one core each\n\n' + _Part1Table(part1),
         flush=True)
@@ -299,7 +308,7 @@ def main() -> None:
         _Part2Table(part2), flush=True)
   if args.json_out:
     with open(args.json_out, 'w') as f:
-      json.dump({'part1': part1, 'part2': part2}, f)
+      json.dump({'part0': part0, 'part1': part1, 'part2': part2}, f)
 
 
 if __name__ == '__main__':
