@@ -237,8 +237,11 @@ class BaseInputGenerator:
     def _Map(index: tf.Tensor, example: Dict[str, Any]) -> NestedMap:
       return self.Preprocess(example, tf.stack([base_seed, index]))
 
+    # tf.data would run _Map through AutoGraph; like every function here it
+    # is plain Python over TF ops (docs/DESIGN.md section 1).
     dataset = dataset.enumerate().map(
-        _Map, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        tf.autograph.experimental.do_not_convert(_Map),
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     dataset = dataset.batch(p.batch_size, drop_remainder=True)
     self._CheckStaticShapes(dataset.element_spec)
     if p.prefetch:

@@ -5,6 +5,7 @@ builder is lingvo_pipe_synthetic_translation/tiny (400 short text pairs),
 prepared once per test class into a temporary data_dir.
 """
 
+import inspect
 import os
 import shutil
 import tempfile
@@ -47,6 +48,20 @@ class _RaggedInput(base_input_generator.BaseInputGenerator):
 
   def Preprocess(self, example, seed):
     return NestedMap(words=tf.strings.split(example['src']))
+
+
+class _WhereInput(base_input_generator.BaseInputGenerator):
+  """Records the file its Preprocess code runs from, once per trace."""
+
+  files = []
+
+  def _LoadExamples(self):
+    return tf.data.Dataset.from_tensor_slices({'x': tf.range(4)})
+
+  def Preprocess(self, example, seed):
+    del seed
+    _WhereInput.files.append(inspect.currentframe().f_code.co_filename)
+    return base_input_generator._ToNestedMap(example)  # pylint: disable=protected-access
 
 
 class _InMemoryInput(base_input_generator.BaseInputGenerator):
@@ -195,6 +210,16 @@ class BaseInputGeneratorTest(tf.test.TestCase, parameterized.TestCase):
                      [[0, 1, 2, 3], [4, 5, 6, 7]])
     self.assertIsNone(inp.DatasetInfo())
     self.assertIsNone(inp.NumExamples())
+
+  def testPreprocessRunsAsWrittenNotThroughAutoGraph(self):
+    # AutoGraph would run a converted copy from a generated file (and write
+    # it to /tmp); the house style is plain Python over TF ops everywhere.
+    p = _Params(dataset_name='in_memory', batch_size=2)
+    p.cls = _WhereInput
+    _WhereInput.files = []
+    batches = list(p.Instantiate().GetDataset())
+    self.assertEqual([b.x.numpy().tolist() for b in batches], [[0, 1], [2, 3]])
+    self.assertEqual(set(_WhereInput.files), {__file__})
 
   def testVariableShapeFromPreprocessIsAnError(self):
     p = self._Local()
