@@ -356,7 +356,7 @@ def _Run() -> None:
     spec = cluster.ParseClusterSpec(FLAGS.cluster_spec)
     print(f'Serving worker task {FLAGS.task_index} of {spec.as_dict()}.',
           flush=True)
-    cluster.StartServer(spec, 'worker', FLAGS.task_index).join()
+    cluster.Serve(spec, 'worker', FLAGS.task_index)
     return
   p = LoadParams(FLAGS.model, FLAGS.model_params_override,
                  FLAGS.model_params_file_override, FLAGS.data_dir,

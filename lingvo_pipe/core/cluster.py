@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import sys
 import tempfile
@@ -93,6 +94,30 @@ def StartServer(spec: tf.train.ClusterSpec, job: str,
   with open(_NotePath(address), 'w', encoding='utf-8') as f:
     json.dump(_Note(spec, job, task_index), f)
   return server
+
+
+def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int) -> None:
+  """Starts the server, then serves until SIGTERM or SIGINT (Ctrl-C).
+
+  On either signal it deletes its note and ends by that signal (exit
+  status 128 + signal, as if it had not been caught). A server blocked in
+  `join()` would never see Ctrl-C and would leave its note behind.
+  """
+  StartServer(spec, job, task_index)
+  note = _NotePath(spec.task_address(job, task_index))
+
+  def Stop(signum, unused_frame):
+    try:
+      os.remove(note)
+    except OSError:
+      pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(signum, Stop)
+  while True:
+    time.sleep(3600)
 
 
 def _NotePath(address: str) -> str:

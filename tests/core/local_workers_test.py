@@ -6,12 +6,14 @@ servers and reads /proc only. Fake servers (a few lines of Python that
 listen, fail or hang) test the failure paths in a fraction of a second.
 """
 
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from unittest import mock
@@ -23,6 +25,13 @@ from lingvo_pipe.core import local_workers
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(local_workers.__file__))))
+
+
+def _NotePath(address):
+  """Where a server started by the trainer notes its spec (cluster.py)."""
+  return os.path.join(tempfile.gettempdir(),
+                      f'lingvo_pipe_worker_{address.rsplit(":", 1)[1]}.json')
+
 
 # Runs one op on each task; prints the task's device and where y lives.
 _CLIENT = '''
@@ -203,8 +212,13 @@ class LocalWorkersTest(parameterized.TestCase):
     self.assertEqual(ran, [[f'/job:worker/replica:0/task:{t}/device:CPU:0'] * 2
                            + [f'{10.0 + t}'] for t in (0, 1)])
     self.assertEqual(workers.Dead(), [])
+    notes = [_NotePath(a) for a in workers.addresses]
+    for task, note in enumerate(notes):
+      with open(note, encoding='utf-8') as f:
+        self.assertEqual(json.load(f)['task'], task)
     workers.Stop()
     self.assertEqual(_WaitGone(pids, timeout=0), [])
+    self.assertFalse(any(os.path.exists(n) for n in notes))
     self.assertFalse(any(_PortOpen(a) for a in workers.addresses))
     workers.Stop()  # idempotent
     self.assertEqual([code for _, _, code in workers.Dead()],
@@ -298,6 +312,25 @@ class LocalWorkersTest(parameterized.TestCase):
         r'still loading$')
     self.assertTrue(all(_Gone(pid) for pid in workers.pids))
     self.assertIn('got SIGTERM', _Read(workers.log_paths[0]))
+
+  def testCtrlCStopsAServerStartedByHand(self):
+    port = local_workers.FreePorts(1)[0]
+    server = subprocess.Popen(
+        [sys.executable, '-m', 'lingvo_pipe.trainer', '--job=server',
+         f'--cluster_spec=worker=127.0.0.1:{port}', '--task_index=0'],
+        env=self._env, cwd=_REPO, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    self.addCleanup(server.wait)
+    self.addCleanup(server.kill)
+    note = _NotePath(f'127.0.0.1:{port}')
+    deadline = time.monotonic() + 60
+    while not os.path.exists(note):
+      self.assertIsNone(server.poll())
+      self.assertLess(time.monotonic(), deadline)
+      time.sleep(0.1)
+    server.send_signal(signal.SIGINT)
+    self.assertEqual(server.wait(timeout=30), -signal.SIGINT)
+    self.assertFalse(os.path.exists(note))
 
   def testRealServerOnATakenPort(self):
     with socket.socket() as taken:
