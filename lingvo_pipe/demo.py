@@ -15,7 +15,13 @@ import time
 from absl import app
 from absl import flags
 
-from lingvo_pipe.core import devices
+from lingvo_pipe.core import quiet
+
+# Before any module that imports TensorFlow: its start-up lines stay off
+# the console (quiet.py).
+quiet.ImportTensorFlow()
+
+from lingvo_pipe.core import devices  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer('steps', 60, 'Training steps.')

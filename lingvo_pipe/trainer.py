@@ -39,7 +39,13 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from lingvo_pipe.core import devices
+from lingvo_pipe.core import quiet
+
+# Before any module that imports TensorFlow: its start-up lines stay off
+# the console (quiet.py).
+quiet.ImportTensorFlow()
+
+from lingvo_pipe.core import devices  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('model', None, 'Registered model key, e.g. '
@@ -438,6 +444,8 @@ def _RunJob(p: Any) -> None:
     with open(os.path.join(FLAGS.logdir, 'params.txt'), 'w',
               encoding='utf-8') as f:
       f.write(text + '\n')
+    print(f'Model params: {os.path.join(FLAGS.logdir, "params.txt")}',
+          flush=True)
   runner = Runner(p, FLAGS.logdir)
   if FLAGS.job == 'trainer':
     runner.WriteTimelines()
@@ -449,6 +457,11 @@ def _RunJob(p: Any) -> None:
 def _Main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if not FLAGS['verbosity'].present:
+    # The console shows progress, evaluations and problems; the libraries'
+    # INFO logs (TFDS, checkpoints, the model params, the balance report)
+    # need --verbosity=0.
+    logging.set_verbosity(logging.WARNING)
   from lingvo_pipe.core import params_text  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import local_workers  # pylint: disable=g-import-not-at-top

@@ -34,8 +34,11 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
 
   def testTrainsEvaluatesAndWritesEverything(self):
     logdir = self.create_tempdir().full_path
-    result = self._Run(logdir)
+    # As a user starts it: no TF_CPP_MIN_LOG_LEVEL.
+    result = self._Run(logdir, env={'TF_CPP_MIN_LOG_LEVEL': ''})
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    self.assertEqual(result.stderr, '')  # a quiet console
+    self.assertIn(f'Model params: {logdir}/params.txt', result.stdout)
     self.assertIn('eval dev at step 30: loss', result.stdout)
     self.assertIn('eval dev at step 60: loss', result.stdout)
     self.assertRegex(result.stdout, r'step 60/60  loss [0-9.e-]+  .*ETA')

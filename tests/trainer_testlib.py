@@ -138,7 +138,8 @@ class TrainerTestBase(absltest.TestCase):
             f'--logdir={logdir}', '--run_locally=cpu', *extra]
 
   def _Env(self, extra=None):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', **(extra or {}))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    env.update(extra or {})
     env['PYTHONPATH'] = os.pathsep.join(
         [self._module_dir, os.getcwd(), env.get('PYTHONPATH', '')])
     return env

@@ -1,0 +1,79 @@
+"""Keeps TensorFlow's start-up chatter off the console.
+
+Importing TensorFlow and listing its devices print C++ log lines that no
+setting silences: they are logged before absl's C++ logging is set up, so
+TF_CPP_MIN_LOG_LEVEL does not apply. On a machine without a GPU (TF 2.21):
+
+  WARNING: All log messages before absl::InitializeLog() is called ...
+  I0000 ... cudart_stub.cc:31] Could not find cuda drivers on your machine...
+  I0000 ... cpu_feature_guard.cc:227] This TensorFlow binary is optimized...
+  To enable the following instructions: AVX2 FMA, in other operations, ...
+  E0000 ... cuda_platform.cc:52] failed call to cuInit: ...
+
+`ImportTensorFlow()` imports TensorFlow and lists its devices with file
+descriptor 2 sent to a temporary file, then writes back every line it
+caught except those: anything else (a real warning, a traceback) still
+reaches the console, in order. Nothing here imports TensorFlow at module
+level; call it before the first module that does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from typing import Any, Iterator
+
+_LEVEL_ENV = 'TF_CPP_MIN_LOG_LEVEL'
+
+# The known start-up lines (module docstring), by their start.
+_NOISE = re.compile(
+    r'(WARNING: All log messages before absl::InitializeLog\(\) is called'
+    r'|[IWE]\d{4} [\d:. ]+\d+ (cudart_stub|cpu_feature_guard)\.cc:\d+\] '
+    r'|E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed call to cuInit'
+    r'|To enable the following instructions: .*rebuild TensorFlow)')
+
+
+def IsNoise(line: str) -> bool:
+  """Whether `line` is one of TensorFlow's known start-up lines."""
+  return _NOISE.match(line) is not None
+
+
+@contextlib.contextmanager
+def FilteredStderr() -> Iterator[None]:
+  """Inside: fd 2 goes to a file; on leaving, all but the noise is written."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  try:
+    with tempfile.TemporaryFile() as caught:
+      os.dup2(caught.fileno(), 2)
+      try:
+        yield
+      finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        caught.seek(0)
+        text = caught.read().decode('utf-8', errors='replace')
+        kept = ''.join(line for line in text.splitlines(keepends=True)
+                       if not IsNoise(line))
+        if kept:
+          os.write(2, kept.encode('utf-8'))
+  finally:
+    os.close(saved)
+
+
+def ImportTensorFlow() -> Any:
+  """`import tensorflow` and its device listing, without the noise.
+
+  Also hides TensorFlow's C++ INFO lines for the rest of the run (sets
+  TF_CPP_MIN_LOG_LEVEL=1, warnings and errors still shown) unless the
+  variable is set already.
+  """
+  if not os.environ.get(_LEVEL_ENV):
+    os.environ[_LEVEL_ENV] = '1'
+  with FilteredStderr():
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.config.list_physical_devices()
+  return tf

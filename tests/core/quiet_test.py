@@ -1,0 +1,82 @@
+"""Tests of quiet: TensorFlow's start-up lines go, everything else stays."""
+
+import os
+import subprocess
+import sys
+
+from absl.testing import absltest
+
+from lingvo_pipe.core import quiet
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(quiet.__file__))))
+
+# Writes noise and real lines to fd 2 inside the filter, as C++ code would
+# (os.write, below Python's sys.stderr), then one line after it.
+_WRITER = r'''
+import os, sys
+from lingvo_pipe.core import quiet
+lines = [
+    'WARNING: All log messages before absl::InitializeLog() is called are '
+    'written to STDERR\n',
+    'I0000 00:00:1795453114.774530    6214 cudart_stub.cc:31] Could not find '
+    'cuda drivers on your machine, GPU will not be used.\n',
+    'real line 1\n',
+    'I0000 00:00:1795453114.886240    6214 cpu_feature_guard.cc:227] This '
+    'TensorFlow binary is optimized\n',
+    'To enable the following instructions: AVX2 FMA, in other operations, '
+    'rebuild TensorFlow with the appropriate compiler flags.\n',
+    'E0000 00:00:1795453119.040879    6214 cuda_platform.cc:52] failed call '
+    'to cuInit: INTERNAL: CUDA error\n',
+    'W0000 00:00:1795453119.040879    6214 other.cc:1] a real warning\n',
+    'E0000 00:00:1795453119.040879    6214 cuda_platform.cc:60] another '
+    'cuda_platform error\n',
+]
+with quiet.FilteredStderr():
+  for line in lines:
+    os.write(2, line.encode())
+  print('real line 2', file=sys.stderr)
+print('after', file=sys.stderr)
+'''
+
+
+class QuietTest(absltest.TestCase):
+
+  def _Run(self, code):
+    env = dict(os.environ, PYTHONPATH=_REPO)
+    env.pop('TF_CPP_MIN_LOG_LEVEL', None)
+    return subprocess.run([sys.executable, '-c', code], env=env, cwd=_REPO,
+                          capture_output=True, text=True, timeout=120)
+
+  def testOnlyTheKnownLinesGoInOrder(self):
+    result = self._Run(_WRITER)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertEqual(result.stderr.splitlines(), [
+        'real line 1',
+        'W0000 00:00:1795453119.040879    6214 other.cc:1] a real warning',
+        'E0000 00:00:1795453119.040879    6214 cuda_platform.cc:60] another '
+        'cuda_platform error',
+        'real line 2',
+        'after'])
+
+  def testAnErrorInsideStillShowsItsLines(self):
+    result = self._Run(
+        'import os\nfrom lingvo_pipe.core import quiet\n'
+        'with quiet.FilteredStderr():\n'
+        '  os.write(2, b"kept\\n")\n'
+        '  raise SystemExit("stopped")\n')
+    self.assertEqual(result.returncode, 1)
+    self.assertEqual(result.stderr.splitlines(), ['kept', 'stopped'])
+
+  def testImportTensorFlowPrintsNothing(self):
+    result = self._Run(
+        'from lingvo_pipe.core import quiet\n'
+        'tf = quiet.ImportTensorFlow()\n'
+        'print(tf.reduce_sum(tf.ones([3])).numpy())\n')
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertEqual(result.stdout, '3.0\n')
+    self.assertEqual(result.stderr, '')
+
+
+if __name__ == '__main__':
+  absltest.main()
