@@ -33,7 +33,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from absl import app
 from absl import flags
@@ -91,6 +91,12 @@ flags.DEFINE_string('model_params_file_override', '',
                     '--model_params_override.')
 flags.DEFINE_string('data_dir', None,
                     'If set, the TFDS data_dir of every input.')
+flags.DEFINE_string('pipeline_trace', '',
+                    'PATH: before training, measure one step of the model '
+                    '(after warm-up; forward and backward on the first '
+                    'training batch, no update) and write PATH.json (a '
+                    'Chrome trace: ui.perfetto.dev or chrome://tracing) and '
+                    'PATH.svg (the picture), with the measured bubble.')
 flags.DEFINE_integer('follower_timeout_secs', 600,
                      'Evaler/decoder: stop after waiting this long for a '
                      'new checkpoint.')
@@ -238,6 +244,25 @@ class Runner:
     self._Writer(writer_name).flush()
 
   # ---- training --------------------------------------------------------
+
+  def TracePipeline(self, path: str) -> Tuple[str, str]:
+    """Measures one step (step_trace.MeasureStep); writes PATH.json/.svg.
+
+    The batch comes from a fresh copy of the training input, so training
+    sees the same batches as without the trace; nothing is updated.
+    """
+    from lingvo_pipe.core import step_trace  # pylint: disable=g-import-not-at-top
+    batch = next(iter(self._Dataset('train')))
+    try:
+      trace = step_trace.MeasureStep(self._task, batch)
+    except ValueError as err:
+      raise TrainingStopped(f'--pipeline_trace: {err} Drop the flag, or '
+                            'put the model in a PipeliningLayer.') from err
+    files = trace.Write(path)
+    print(trace.Summary(), flush=True)
+    print(f'Measured timeline: {files[1]} (picture), {files[0]} (Chrome '
+          'trace: open in ui.perfetto.dev or chrome://tracing).', flush=True)
+    return files
 
   def Train(self) -> Dict[str, float]:
     """Trains to max_steps (resuming); returns the final Dev metrics."""
@@ -449,6 +474,8 @@ def _RunJob(p: Any) -> None:
   runner = Runner(p, FLAGS.logdir)
   if FLAGS.job == 'trainer':
     runner.WriteTimelines()
+    if FLAGS.pipeline_trace:
+      runner.TracePipeline(FLAGS.pipeline_trace)
     runner.Train()
   else:
     runner.Follow(FLAGS.job)

@@ -8,6 +8,7 @@ checkpoint, from which a restarted run resumes with no step lost.
 """
 
 import glob
+import json
 import os
 import re
 import signal
@@ -54,10 +55,21 @@ class TrainerClusterTest(trainer_testlib.TrainerTestBase):
 
   def testRunLocallyProcessesTrainsAndStopsItsWorkers(self):
     logdir = self.create_tempdir().full_path
+    trace = os.path.join(logdir, 'trace')
     result = self._Run(logdir, '--run_locally=processes', '--num_replicas=2',
+                       f'--pipeline_trace={trace}',
                        '--model_params_override=task.train.max_steps : 20')
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     spec = _StartedSpec(result.stdout, 4)
+    # The measured step: both replicas' tasks, four workers' clocks.
+    with open(trace + '.json') as f:
+      spans = [e for e in json.load(f)['traceEvents'] if e['ph'] == 'X'
+               and e['cat'] in ('forward', 'backward')]
+    self.assertLen(spans, 2 * 2 * 2 * 4)  # R x K x (F, B) x M
+    clocks = re.search(r'^clocks: (.*)$', result.stdout, re.M).group(1)
+    for task in range(4):
+      self.assertRegex(clocks, rf'/job:worker/replica:0/task:{task}: offset '
+                       r'[-+]\d+\.\d+ ms \+- \d+\.\d+ ms')
     self.assertIn('partition 1: /job:worker/replica:0/task:1/device:CPU:0 | '
                   '/job:worker/replica:0/task:3/device:CPU:0', result.stdout)
     self.assertTrue(os.path.exists(os.path.join(logdir, 'train',

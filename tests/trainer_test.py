@@ -7,6 +7,7 @@ on a non-finite loss, and reject an unknown model.
 """
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -35,10 +36,23 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
   def testTrainsEvaluatesAndWritesEverything(self):
     logdir = self.create_tempdir().full_path
     # As a user starts it: no TF_CPP_MIN_LOG_LEVEL.
-    result = self._Run(logdir, env={'TF_CPP_MIN_LOG_LEVEL': ''})
+    trace = os.path.join(logdir, 'trace')
+    result = self._Run(logdir, f'--pipeline_trace={trace}',
+                       env={'TF_CPP_MIN_LOG_LEVEL': ''})
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     self.assertEqual(result.stderr, '')  # a quiet console
     self.assertIn(f'Model params: {logdir}/params.txt', result.stdout)
+    self.assertRegex(result.stdout, r'task/network: K=2 M=4, .* measured '
+                     r'bubble \d+\.\d%')
+    self.assertIn(f'Measured timeline: {trace}.svg (picture), {trace}.json',
+                  result.stdout)
+    with open(trace + '.json') as f:
+      spans = [e for e in json.load(f)['traceEvents'] if e['ph'] == 'X'
+               and e['cat'] in ('forward', 'backward')]
+    self.assertEqual(sorted((e['name'], e['args']['partition']) for e in spans),
+                     sorted((f'{p}{m}', k) for p in 'FB' for k in range(2)
+                            for m in range(4)))
+    self.assertTrue(os.path.exists(trace + '.svg'))
     self.assertIn('eval dev at step 30: loss', result.stdout)
     self.assertIn('eval dev at step 60: loss', result.stdout)
     self.assertRegex(result.stdout, r'step 60/60  loss [0-9.e-]+  .*ETA')

@@ -42,7 +42,10 @@ graph, so start-up does not grow with M either.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+import contextlib
+import dataclasses
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Tuple
 
 import tensorflow as tf
 
@@ -73,6 +76,117 @@ def CallBodiesShared() -> bool:
   """Whether `ShareCallBodies` is in force."""
   return tf.config.optimizer.get_experimental_options().get(
       'function_optimization') is False
+
+
+@dataclasses.dataclass
+class RecordedTask:
+  """One task's timestamp tensors (seconds since the epoch, float64).
+
+  `start`: its inputs and its device's previous task are done (the task
+  waits for this stamp); `end`: its outputs are ready (for a backward
+  task d inputs and d theta, before d theta is added to the partition's
+  accumulated gradient); `recomputed`: a re-computing backward task's
+  re-computation is done, else None.
+  """
+  layer: str
+  device: str
+  phase: str  # 'F' or 'B'
+  partition: int
+  micro_batch: int
+  start: tf.Tensor
+  end: tf.Tensor
+  recomputed: Optional[tf.Tensor] = None
+
+
+class TaskRecorder:
+  """The tasks of every PipelineRun built while it records (RecordTasks)."""
+
+  def __init__(self):
+    self.tasks: List[RecordedTask] = []
+
+  def Tensors(self) -> List[tf.Tensor]:
+    """Every stamp, flat: return them from the function being traced."""
+    return [t for task in self.tasks for t in (
+        task.start, task.end,
+        task.start if task.recomputed is None else task.recomputed)]
+
+
+_recorder: Optional[TaskRecorder] = None
+
+
+@contextlib.contextmanager
+def RecordTasks() -> Iterator[TaskRecorder]:
+  """Within: each PipelineRun built adds timestamps to its tasks.
+
+  Trace the function (its first call) inside; the stamps are tensors of
+  the traced graph, in `recorder.tasks`. They add a control dependency in
+  front of each task and a timestamp op after it; nothing else changes.
+  """
+  global _recorder
+  outer, _recorder = _recorder, TaskRecorder()
+  try:
+    yield _recorder
+  finally:
+    _recorder = outer
+
+
+def _StampHost(device: str) -> str:
+  """The device a stamp of `device` runs on: itself, or its task's CPU."""
+  spec = tf.DeviceSpec.from_string(device)
+  if spec.device_type in (None, 'CPU'):
+    return device
+  return spec.replace(device_type='CPU', device_index=0).to_string()
+
+
+def _NewClock(device: str) -> tf.Tensor:
+  """A resource handle for the stamps of `device` (see _Timestamp)."""
+  global _clock_count
+  _clock_count += 1
+  with tf.device(_StampHost(device)):
+    return tf.raw_ops.VarHandleOp(
+        dtype=tf.float32, shape=[],
+        shared_name=f'lingvo_pipe_clock_{_clock_count}')
+
+
+_clock_count = 0
+
+
+def _TimestampBody(clock: tf.Tensor) -> tf.Tensor:
+  del clock  # Only there to be a resource input of the call (below).
+  return tf.timestamp()
+
+
+# tf.function puts every stateful op without a resource input on one chain
+# in program order (automatic control dependencies): bare tf.timestamp()
+# stamps would make partition 1's first forward wait for partition 0's
+# second. A call with a resource input it only reads is not on that chain.
+_Timestamp = tf.function(_TimestampBody, autograph=False)
+
+
+def _Stamp(device: str, clock: tf.Tensor,
+           deps: Sequence[Optional[tf.Tensor]]) -> tf.Tensor:
+  """A timestamp on `device`'s host once `deps` exist.
+
+  On an accelerator the stamp runs on the CPU of the same task, after a
+  one-element copy of each dep to it: an accelerator op counts as done
+  when it is queued, its value exists only once the copy can run.
+  """
+  deps = [d for d in deps if d is not None]
+  host = _StampHost(device)
+  if host != device:
+    synced = []
+    for d in deps:
+      with tf.device(device):
+        one = tf.reshape(d, [-1])[:1]
+      with tf.device(host):
+        synced.append(tf.identity(one))
+    deps = synced
+  with tf.device(host), tf.control_dependencies(deps):
+    return _Timestamp(clock)
+
+
+def _Present(t: Optional[tf.Tensor]) -> List[tf.Tensor]:
+  return [] if t is None else [t]
 
 
 def _After(deps: Sequence[tf.Tensor]) -> Any:
@@ -124,9 +238,14 @@ class PipelineRun:
     # Full-batch outputs, and each device's last forward task's outputs.
     self._outputs: List[tf.Tensor] = []
     self._last_forward: Dict[int, List[tf.Tensor]] = {}
+    self._recorder = _recorder
+    # One clock handle per device, made before any task (_Timestamp).
+    self._clocks = ({d: _NewClock(d) for d in self._devices}
+                    if _recorder is not None else {})
+    self._ends: Dict[Tuple[str, int, int], tf.Tensor] = {}
     self._forward_fns = [_OnDevice(self._ForwardFn(k), d)
                          for k, d in enumerate(self._devices)]
-    self._backward_fns = [_OnDevice(self._BackwardFn(k), d)
+    self._backward_fns = [_OnDevice(self._BackwardFn(k, d), d)
                           for k, d in enumerate(self._devices)]
     self._accumulate_fns = [_OnDevice(_Accumulate, d) for d in self._devices]
     self._split_cells = {
@@ -143,16 +262,54 @@ class PipelineRun:
     Forward.__name__ = f'cell_{k}_forward'
     return Forward
 
-  def _BackwardFn(self, k: int) -> Callable[..., Any]:
-    def Backward(theta_leaves, x, dy):
+  def _BackwardFn(self, k: int, device: str) -> Callable[..., Any]:
+    stamp = self._recorder is not None
+
+    def Backward(theta_leaves, x, dy, *clock):
       theta_leaves, x = list(theta_leaves), list(x)
       tape = tf.GradientTape(watch_accessed_variables=False)
       with tape, self._cells[k].NoStatUpdates():
         tape.watch([t for t in x + theta_leaves if residuals.IsFloat(t)])
         y = self._Cell(k, theta_leaves, x)
-      return residuals.Gradients(tape, y, list(dy), x, theta_leaves)
+      if not stamp:
+        return residuals.Gradients(tape, y, list(dy), x, theta_leaves)
+      # Recording: the gradient ops start after the re-computation's stamp.
+      recomputed = _Stamp(device, clock[0], y)
+      with tf.control_dependencies([recomputed]):
+        dx, dtheta = residuals.Gradients(tape, y, list(dy), x, theta_leaves)
+      return dx, dtheta, recomputed
     Backward.__name__ = f'cell_{k}_backward'
     return Backward
+
+  # ---- recording (RecordTasks) -----------------------------------------
+
+  def _Begin(self, k: int, deps: List[Optional[tf.Tensor]],
+             producers: List[Tuple[str, int, int]]) -> Optional[tf.Tensor]:
+    """A task's start stamp when recording (the task must wait for it).
+
+    It waits for the task's inputs and its device's previous task, and for
+    the end stamps of the tasks that made its inputs: a stamp runs when a
+    thread is free, so a consumer's start could otherwise be stamped before
+    its producer's end.
+    """
+    if self._recorder is None:
+      return None
+    device = self._devices[k]
+    return _Stamp(device, self._clocks[device],
+                  list(deps) + [self._ends[p] for p in producers])
+
+  def _Finish(self, phase: str, k: int, m: int, start: Optional[tf.Tensor],
+              outputs: List[Optional[tf.Tensor]],
+              recomputed: Optional[tf.Tensor] = None) -> Optional[tf.Tensor]:
+    """A task's end stamp when recording; records the task."""
+    if self._recorder is None:
+      return None
+    device = self._devices[k]
+    end = self._ends[(phase, k, m)] = _Stamp(device, self._clocks[device],
+                                             outputs)
+    self._recorder.tasks.append(RecordedTask(
+        self._layer.path, device, phase, k, m, start, end, recomputed))
+    return end
 
   # ---- forward ---------------------------------------------------------
 
@@ -213,10 +370,13 @@ class PipelineRun:
       with tf.device(self._devices[k]), tf.name_scope(f'cell_{k}/fwd_{m}'):
         x = state.pop((k, m))
         self._x[(k, m)] = x
-        with _After(last_on_device.get(k, [])):
+        after = list(last_on_device.get(k, []))
+        start = self._Begin(k, after + x, [('F', k - 1, m)] if k else [])
+        with _After(after + _Present(start)):
           y_leaves = self._RunForward(k, m, thetas[k], x)
+        end = self._Finish('F', k, m, start, y_leaves)
       self._CheckBatch(k, m, y_leaves)
-      last_on_device[k] = y_leaves
+      last_on_device[k] = y_leaves + _Present(end)
       if k + 1 < self._k:
         state[(k + 1, m)] = y_leaves
       else:
@@ -280,10 +440,14 @@ class PipelineRun:
         continue
       k, m = task.partition, task.micro_batch
       with tf.device(self._devices[k]), tf.name_scope(f'cell_{k}/bwd_{m}'):
-        dx, dtheta = self._BackwardTask(
+        dx, dtheta, stamps = self._BackwardTask(
             k, m, thetas[k], dstate.pop((k, m)), last_on_device[k])
+        # The task ends with its own outputs; adding dtheta into the
+        # accumulator is not part of it.
+        end = self._Finish('B', k, m, stamps[0], dx + dtheta, stamps[1])
         acc[k] = dtheta if acc[k] is None else self._Add(k, acc[k], dtheta)
-      last_on_device[k] = [t for t in dx + acc[k] if t is not None]
+      last_on_device[k] = [t for t in dx + acc[k] if t is not None
+                           ] + _Present(end)
       if k > 0:
         dstate[(k - 1, m)] = dx
       else:
@@ -307,20 +471,34 @@ class PipelineRun:
   def _BackwardTask(self, k: int, m: int, theta_leaves: List[tf.Tensor],
                     dy: List[Optional[tf.Tensor]], after: List[tf.Tensor],
                     ) -> Tuple[List[Optional[tf.Tensor]],
-                               List[Optional[tf.Tensor]]]:
-    """B(k, m): (d inputs, d theta_k), each None where not floating."""
+                               List[Optional[tf.Tensor]],
+                               Tuple[Optional[tf.Tensor],
+                                     Optional[tf.Tensor]]]:
+    """B(k, m): (d inputs, d theta_k, stamps), grads None where not floating.
+
+    stamps: (start, recomputed) when recording (RecordTasks), recomputed
+    None without re-computation; (None, None) otherwise.
+    """
     x = self._x.pop((k, m))
+    kept = self._kept.get((k, m), ([], []))
+    start = self._Begin(k, after + x + list(dy) + kept[0] + kept[1],
+                        [('B', k + 1, m)] if k + 1 < self._k else [])
+    after = list(after) + _Present(start)
     if k in self._split_cells:
       y, kept = self._kept.pop((k, m))
       with _After(after):
-        return self._split_cells[k].Backward(theta_leaves, x, kept, dy, y)
+        dx, dtheta = self._split_cells[k].Backward(theta_leaves, x, kept, dy,
+                                                   y)
+      return list(dx), list(dtheta), (start, None)
     # Re-compute only once this device's previous backward is done AND
     # the gradient from partition k+1 is here (a data input of the call):
     # otherwise the executor may re-compute while partition k+1 is still
     # busy and hold this partition's activations meanwhile.
+    clock = [self._clocks[self._devices[k]]] if self._recorder else []
     with _After(after):
-      dx, dtheta = self._backward_fns[k](theta_leaves, x, dy)
-    return list(dx), list(dtheta)
+      out = self._backward_fns[k](theta_leaves, x, dy, *clock)
+    recomputed = out[2] if self._recorder is not None else None
+    return list(out[0]), list(out[1]), (start, recomputed)
 
 
 def _Accumulate(acc, dtheta):

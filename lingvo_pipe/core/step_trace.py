@@ -1,0 +1,354 @@
+"""The pipeline as it really ran: one step's measured timeline.
+
+`Measure(fn, *args)` traces `fn` (a step that runs PipeliningLayers and
+their gradients) with every pipeline task stamped by the runtime
+(`pipeline_run.RecordTasks`: tf.timestamp on the task's device, so on the
+worker process that ran it), runs it `warmup` times, then once more, and
+returns that run as a `StepTrace`: each task (forward; backward, split at
+the end of its re-computation) with its measured start and end. Times are
+seconds from the step's first task start, on the trainer's clock.
+
+Clocks: devices of this process share its clock. A worker task's stamps
+come from that process's clock (on another host, another machine's);
+`ClockOffsets` measures each task's offset from the trainer's clock by a
+round trip (the stamp against the middle of the call, the fastest of
+several calls; uncertainty half that round trip) and the trace is shifted
+by it when it exceeds its uncertainty. On one host (one clock) it does
+not, and the summary says so.
+
+`StepTrace.ChromeTrace()` is Chrome's trace event format (open in
+https://ui.perfetto.dev or chrome://tracing); `Svg()` draws one row per
+device in the manner of the paper's Figure 2, with the measured bubble
+beside GPipe's (K-1)/(M+K-1) and each device's busy fraction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+from xml.sax import saxutils
+
+import tensorflow as tf
+
+from lingvo_pipe.core import pipeline_run
+from lingvo_pipe.core import schedule
+from lingvo_pipe.core import timeline
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredTask:
+  """One task as it ran; times in seconds from the step's first start."""
+  layer: str
+  device: str
+  phase: str  # 'F' or 'B'
+  partition: int
+  micro_batch: int
+  start: float
+  end: float
+  recomputed: Optional[float] = None  # 'B' with re-computation: its end
+
+  @property
+  def name(self) -> str:
+    return f'{self.phase}{self.micro_batch}'
+
+
+@dataclasses.dataclass
+class StepTrace:
+  """The measured tasks of one step, and how each clock was aligned.
+
+  `tasks` are in the order the step was traced: per layer and replica, in
+  schedule order.
+  """
+  tasks: List[MeasuredTask]
+  clocks: Dict[str, str]
+
+  def Layers(self) -> List[str]:
+    return sorted({t.layer for t in self.tasks})
+
+  def _Mine(self, layer: str) -> List[MeasuredTask]:
+    mine = [t for t in self.tasks if t.layer == layer]
+    if not mine:
+      raise ValueError(f'The trace has no tasks of layer {layer!r}; its '
+                       f'layers are {self.Layers()}.')
+    return mine
+
+  def Shape(self, layer: str) -> Tuple[int, int]:
+    """(K, M) of `layer` in this step."""
+    mine = self._Mine(layer)
+    return (max(t.partition for t in mine) + 1,
+            max(t.micro_batch for t in mine) + 1)
+
+  def Devices(self, layer: str) -> List[str]:
+    """Replica r's partition k's device at index r * K + k."""
+    per_partition: Dict[int, List[str]] = {}
+    for t in self._Mine(layer):  # in the order the step traced them
+      seen = per_partition.setdefault(t.partition, [])
+      if t.device not in seen:
+        seen.append(t.device)
+    k = len(per_partition)
+    return [per_partition[i][r] for r in range(len(per_partition[0]))
+            for i in range(k)]
+
+  def Span(self, layer: str) -> Tuple[float, float]:
+    mine = self._Mine(layer)
+    return min(t.start for t in mine), max(t.end for t in mine)
+
+  def BusyFractions(self, layer: str) -> List[float]:
+    """Per device (as Devices): time in its tasks / the layer's span."""
+    begin, end = self.Span(layer)
+    busy = {d: 0.0 for d in self.Devices(layer)}
+    for t in self.tasks:
+      if t.layer == layer:
+        busy[t.device] += t.end - t.start
+    return [b / max(end - begin, 1e-12) for b in busy.values()]
+
+  def Bubble(self, layer: str) -> float:
+    """Measured idle fraction: 1 - mean busy fraction of its devices."""
+    busy = self.BusyFractions(layer)
+    return 1.0 - sum(busy) / len(busy)
+
+  def IdealBubble(self, layer: str) -> float:
+    return schedule.BubbleFraction(*self.Shape(layer))
+
+  def Summary(self) -> str:
+    """One line per layer: span, bubbles, busy fractions; then the clocks."""
+    lines = []
+    for layer in self.Layers():
+      k, m = self.Shape(layer)
+      begin, end = self.Span(layer)
+      busy = ', '.join(
+          f'{timeline.ShortDeviceName(d)} {b:.0%}'
+          for d, b in zip(self.Devices(layer), self.BusyFractions(layer)))
+      lines.append(
+          f"{layer}: K={k} M={m}, step's pipeline {(end - begin) * 1e3:.1f} "
+          f'ms, measured bubble {self.Bubble(layer):.1%} (GPipe '
+          f'(K-1)/(M+K-1) = {self.IdealBubble(layer):.1%}); busy: {busy}')
+    lines.append('clocks: ' + '; '.join(f'{where}: {how}' for where, how in
+                                         sorted(self.clocks.items())))
+    return '\n'.join(lines)
+
+  def ChromeTrace(self) -> Dict[str, Any]:
+    """Chrome trace event format: a process per device, times in us."""
+    rows = _Rows(self)
+    events = []
+    for pid, (layer, device) in enumerate(rows):
+      events.append({'ph': 'M', 'name': 'process_name', 'pid': pid,
+                     'tid': 0, 'args': {'name': f'{layer} @ {device}'}})
+      events.append({'ph': 'M', 'name': 'process_sort_index', 'pid': pid,
+                     'tid': 0, 'args': {'sort_index': pid}})
+    for t in self.tasks:
+      pid = rows.index((t.layer, t.device))
+      args = {'layer': t.layer, 'partition': t.partition,
+              'micro_batch': t.micro_batch}
+      events.append({
+          'ph': 'X', 'name': t.name,
+          'cat': 'forward' if t.phase == 'F' else 'backward',
+          'pid': pid, 'tid': 0, 'ts': t.start * 1e6,
+          'dur': (t.end - t.start) * 1e6, 'args': args})
+      if t.recomputed is not None:
+        events.append({
+            'ph': 'X', 'name': f'recompute {t.micro_batch}',
+            'cat': 'recompute', 'pid': pid, 'tid': 0, 'ts': t.start * 1e6,
+            'dur': (t.recomputed - t.start) * 1e6, 'args': args})
+    return {'traceEvents': events, 'displayTimeUnit': 'ms',
+            'otherData': {'clocks': self.clocks, 'summary': self.Summary()}}
+
+  def Svg(self) -> str:
+    return _Svg(self)
+
+  def Write(self, path: str) -> Tuple[str, str]:
+    """Writes PATH.json (Chrome trace) and PATH.svg; returns both paths."""
+    base = path[:-5] if path.endswith('.json') else (
+        path[:-4] if path.endswith('.svg') else path)
+    if os.path.dirname(base):
+      os.makedirs(os.path.dirname(base), exist_ok=True)
+    with open(base + '.json', 'w', encoding='utf-8') as f:
+      json.dump(self.ChromeTrace(), f)
+    with open(base + '.svg', 'w', encoding='utf-8') as f:
+      f.write(self.Svg())
+    return base + '.json', base + '.svg'
+
+
+def _Rows(trace: StepTrace) -> List[Tuple[str, str]]:
+  """(layer, device) per row: layers in order, partitions in order."""
+  return [(layer, device) for layer in trace.Layers()
+          for device in trace.Devices(layer)]
+
+
+# ---- measuring ---------------------------------------------------------
+
+
+def _TaskOf(device: str) -> Optional[str]:
+  """'/job:worker/replica:0/task:1' for a device of another job, else None."""
+  spec = tf.DeviceSpec.from_string(device)
+  if spec.job in (None, 'localhost'):
+    return None
+  return f'/job:{spec.job}/replica:{spec.replica or 0}/task:{spec.task or 0}'
+
+
+def ClockOffsets(devices: List[str], calls: int = 15
+                 ) -> Dict[str, Tuple[float, float]]:
+  """{worker task: (its clock - ours, uncertainty)} in seconds.
+
+  Per task: the fastest of `calls` round trips running tf.timestamp()
+  there; offset = stamp - middle of the call, uncertainty = half the
+  round trip. Devices of this process are left out (same clock).
+  """
+  out = {}
+  for task in sorted({t for t in map(_TaskOf, devices) if t}):
+    def Stamp(where=task):
+      with tf.device(where + '/device:CPU:0'):
+        return tf.timestamp()
+    stamp = tf.function(Stamp, autograph=False)
+    stamp()  # traced and instantiated there
+    best = None
+    for _ in range(calls):
+      before = time.time()
+      value = float(stamp())
+      after = time.time()
+      if best is None or after - before < best[1] * 2:
+        best = (value - (before + after) / 2, (after - before) / 2)
+    out[task] = best
+  return out
+
+
+def Measure(fn: Callable[..., Any], *args: Any, warmup: int = 2
+            ) -> StepTrace:
+  """Runs fn(*args) as a tf.function warmup + 1 times; the last, measured.
+
+  `fn` must run at least one PipeliningLayer (and usually its gradient);
+  its outputs are computed, then discarded.
+  """
+  with pipeline_run.RecordTasks() as recorder:
+    def Stamped(*inner):
+      # fn's outputs are returned too: what nothing reads, the runtime
+      # prunes, and the step would not be the step.
+      out = [t for t in tf.nest.flatten(fn(*inner)) if t is not None]
+      return recorder.Tensors(), out
+    step = tf.function(Stamped, autograph=False)
+    concrete = step.get_concrete_function(*args)
+  if not recorder.tasks:
+    raise ValueError('step_trace.Measure: the function ran no '
+                     'PipeliningLayer, so there is nothing to trace.')
+  for _ in range(max(warmup, 0)):
+    concrete(*args)
+  values = [float(v) for v in concrete(*args)[0]]
+  devices = sorted({t.device for t in recorder.tasks})
+  offsets = ClockOffsets(devices)
+  clocks = {}
+  if any(_TaskOf(d) is None for d in devices):
+    clocks['this process'] = 'the trainer\'s own clock'
+  for task, (offset, err) in list(offsets.items()):
+    if abs(offset) <= err:
+      # Indistinguishable from ours (one host: the same clock); shifting by
+      # the estimate would only add its noise.
+      offsets[task] = (0.0, err)
+      clocks[task] = (f'offset {offset * 1e3:+.3f} ms +- {err * 1e3:.3f} ms '
+                      'from a round trip: within its uncertainty, not '
+                      'shifted')
+    else:
+      clocks[task] = (f'offset {offset * 1e3:+.3f} ms +- {err * 1e3:.3f} ms '
+                      'from a round trip, subtracted')
+  stamps = []
+  for i, task in enumerate(recorder.tasks):
+    shift = offsets.get(_TaskOf(task.device), (0.0, 0.0))[0]
+    start, end, mid = (v - shift for v in values[3 * i:3 * i + 3])
+    stamps.append((task, start, end,
+                   None if task.recomputed is None else mid))
+  zero = min(s for _, s, _, _ in stamps)
+  tasks = [MeasuredTask(
+      t.layer, t.device, t.phase, t.partition, t.micro_batch, s - zero,
+      e - zero, None if r is None else r - zero) for t, s, e, r in stamps]
+  return StepTrace(tasks, clocks)
+
+
+def MeasureStep(task: Any, batch: Any, warmup: int = 2) -> StepTrace:
+  """Measure() of `task.Gradients(batch)`: a training step's forward and
+  backward (every replica), without the update, so training is unchanged.
+  """
+  return Measure(task.Gradients, batch, warmup=warmup)
+
+
+# ---- the picture -------------------------------------------------------
+
+_COLORS = {'F': '#4a90d9', 'B': '#e8913a', 'R': '#f3c18f'}
+_LEFT, _TOP, _ROW_H, _BAR_H, _WIDTH = 260, 70, 34, 24, 900
+
+
+def _Svg(trace: StepTrace) -> str:
+  rows = _Rows(trace)
+  end = max(t.end for t in trace.tasks) or 1e-9
+  scale = _WIDTH / end
+  height = _TOP + len(rows) * _ROW_H + 60
+  esc = saxutils.escape
+  out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_LEFT + _WIDTH + 30}'
+         f'" height="{height}" font-family="sans-serif" font-size="12">',
+         '<rect width="100%" height="100%" fill="white"/>',
+         '<text x="10" y="20" font-size="15">One training step as it ran '
+         '(measured, forward and backward; the update is not shown)</text>']
+  y = 40
+  for layer in trace.Layers():
+    k, m = trace.Shape(layer)
+    out.append(
+        f'<text x="10" y="{y}">{esc(layer)}: K={k}, M={m}: measured bubble '
+        f'{trace.Bubble(layer):.1%}, GPipe (K-1)/(M+K-1) = '
+        f'{trace.IdealBubble(layer):.1%}</text>')
+    y += 16
+  top = max(_TOP, y)
+  busy = {}
+  for layer in trace.Layers():
+    for d, b in zip(trace.Devices(layer), trace.BusyFractions(layer)):
+      busy[(layer, d)] = b
+  for i, (layer, device) in enumerate(rows):
+    row_y = top + i * _ROW_H
+    out.append(f'<text x="10" y="{row_y + 16}">'
+               f'{esc(timeline.ShortDeviceName(device))} '
+               f'({busy[(layer, device)]:.0%} busy)</text>')
+    out.append(f'<rect x="{_LEFT}" y="{row_y}" width="{_WIDTH}" '
+               f'height="{_BAR_H}" fill="#eeeeee"/>')
+  for t in trace.tasks:
+    row_y = top + rows.index((t.layer, t.device)) * _ROW_H
+    x0, x1 = _LEFT + t.start * scale, _LEFT + t.end * scale
+    title = (f'{t.name} partition {t.partition}: {t.start * 1e3:.2f}-'
+             f'{t.end * 1e3:.2f} ms')
+    out.append(f'<rect x="{x0:.2f}" y="{row_y}" width="{max(x1 - x0, 0.5):.2f}'
+               f'" height="{_BAR_H}" fill="{_COLORS[t.phase]}" '
+               f'stroke="white" stroke-width="0.5"><title>{esc(title)}'
+               '</title></rect>')
+    if t.recomputed is not None:
+      xr = _LEFT + t.recomputed * scale
+      out.append(f'<rect x="{x0:.2f}" y="{row_y}" width="'
+                 f'{max(xr - x0, 0.5):.2f}" height="{_BAR_H}" '
+                 f'fill="{_COLORS["R"]}"><title>re-computation of '
+                 f'{esc(title)}</title></rect>')
+    if x1 - x0 > 18:
+      out.append(f'<text x="{(x0 + x1) / 2:.2f}" y="{row_y + 16}" '
+                 f'text-anchor="middle" fill="white">{t.name}</text>')
+  axis_y = top + len(rows) * _ROW_H + 4
+  step = _TickStep(end * 1e3)
+  tick = 0.0
+  while tick <= end * 1e3 + 1e-9:
+    x = _LEFT + tick / 1e3 * scale
+    out.append(f'<line x1="{x:.2f}" y1="{axis_y}" x2="{x:.2f}" '
+               f'y2="{axis_y + 5}" stroke="black"/>')
+    out.append(f'<text x="{x:.2f}" y="{axis_y + 18}" text-anchor="middle">'
+               f'{tick:g}</text>')
+    tick += step
+  out.append(f'<text x="{_LEFT + _WIDTH / 2}" y="{axis_y + 36}" '
+             'text-anchor="middle">ms from the first task\'s start; '
+             'blue forward, orange backward, light orange its '
+             're-computation, grey idle</text>')
+  out.append('</svg>')
+  return '\n'.join(out) + '\n'
+
+
+def _TickStep(total_ms: float) -> float:
+  """1, 2 or 5 times a power of ten: the largest giving at least 5 ticks."""
+  power = 10.0 ** int(f'{max(total_ms, 1e-9):e}'.split('e')[1])
+  for step in (5 * power, 2 * power, power, power / 2, power / 5):
+    if total_ms / step >= 5:
+      return step
+  return power / 10
