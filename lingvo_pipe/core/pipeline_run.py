@@ -38,6 +38,10 @@ statistics (BatchNorm) are accumulated once per micro-batch. The
 functions are marked `_noinline`: the runtime runs each call as one
 function instead of pasting K x M copies of the layers back into the
 graph, so start-up does not grow with M either.
+
+Within `RecordTasks()` each task also gets runtime timestamps (start, end,
+and a backward's end of re-computation) for `step_trace`, the measured
+timeline; without it the graph has none.
 """
 
 from __future__ import annotations

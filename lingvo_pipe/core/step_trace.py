@@ -24,11 +24,12 @@ beside GPipe's (K-1)/(M+K-1) and each device's busy fraction.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from xml.sax import saxutils
 
 import tensorflow as tf
@@ -215,6 +216,28 @@ def ClockOffsets(devices: List[str], calls: int = 15
   return out
 
 
+@contextlib.contextmanager
+def TimestampsAllowed() -> Iterator[None]:
+  """Within: TF's timestamp op runs even if op determinism is enabled.
+
+  `tf.config.experimental.enable_op_determinism()` makes tf.timestamp
+  fail ("cannot be called when determinism is enabled"); it is lifted here
+  and restored on leaving (the process's other threads see it lifted
+  meanwhile). Run stamped functions (RecordTasks) inside.
+  """
+  # TF 2.21 exports enable_op_determinism only; its query and its undo
+  # live next to it in tensorflow.python.framework.config.
+  from tensorflow.python.framework import config as tf_config  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  deterministic = tf_config.is_op_determinism_enabled()
+  if deterministic:
+    tf_config.disable_op_determinism()
+  try:
+    yield
+  finally:
+    if deterministic:
+      tf_config.enable_op_determinism()
+
+
 def Measure(fn: Callable[..., Any], *args: Any, warmup: int = 2
             ) -> StepTrace:
   """Runs fn(*args) as a tf.function warmup + 1 times; the last, measured.
@@ -233,11 +256,12 @@ def Measure(fn: Callable[..., Any], *args: Any, warmup: int = 2
   if not recorder.tasks:
     raise ValueError('step_trace.Measure: the function ran no '
                      'PipeliningLayer, so there is nothing to trace.')
-  for _ in range(max(warmup, 0)):
-    concrete(*args)
-  values = [float(v) for v in concrete(*args)[0]]
   devices = sorted({t.device for t in recorder.tasks})
-  offsets = ClockOffsets(devices)
+  with TimestampsAllowed():  # the measured run's results are discarded
+    for _ in range(max(warmup, 0)):
+      concrete(*args)
+    values = [float(v) for v in concrete(*args)[0]]
+    offsets = ClockOffsets(devices)
   clocks = {}
   if any(_TaskOf(d) is None for d in devices):
     clocks['this process'] = 'the trainer\'s own clock'

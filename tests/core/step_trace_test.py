@@ -20,6 +20,7 @@ from absl.testing import absltest  # noqa: E402
 from absl.testing import parameterized  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.python.framework import config as tf_config  # noqa: E402
 
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
@@ -114,7 +115,10 @@ class StepTraceTest(parameterized.TestCase):
     x = tf.random.stateless_normal([32, 32], [3, 4])
     plain = tf.function(_Step(layer), autograph=False)(x)
     with pipeline_run.RecordTasks() as recorder:
-      recorded = tf.function(_Step(layer), autograph=False)(x)
+      recorded = tf.function(_Step(layer), autograph=False)
+      recorded.get_concrete_function(x)
+    with step_trace.TimestampsAllowed():
+      recorded = recorded(x)
     self.assertLen(recorder.tasks, 2 * _K * _M)
     for a, b in zip(plain, recorded):
       np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -169,6 +173,20 @@ class StepTraceTest(parameterized.TestCase):
       for t in mine:
         self.assertEqual(t.device, devs[t.partition])
     self.assertEqual(int(task._State('x').global_step.numpy()), 0)  # pylint: disable=protected-access
+
+  def testMeasuresWithOpDeterminismOnAndLeavesItOn(self):
+    layer = _Layer('always')
+    was_on = tf_config.is_op_determinism_enabled()
+    tf.config.experimental.enable_op_determinism()
+    try:
+      trace = step_trace.Measure(
+          _Step(layer), tf.random.stateless_normal([32, 32], [7, 8]),
+          warmup=0)
+      self.assertTrue(tf_config.is_op_determinism_enabled())
+    finally:
+      if not was_on:
+        tf_config.disable_op_determinism()
+    self.assertLen(trace.tasks, 2 * _K * _M)
 
   def testAFunctionWithoutAPipelineIsAnError(self):
     with self.assertRaisesRegex(ValueError, 'ran no PipeliningLayer'):

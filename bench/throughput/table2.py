@@ -1,0 +1,169 @@
+"""The paper's Table 2 on this machine: normalised throughput over K and M.
+
+  .venv/bin/python bench/throughput/table2.py [--rounds=5] [--warmup=2]
+      [--ms=1,4,8,32] [--json_out=FILE]
+
+The model is bench/gpipe's Transformer stack (stack.py: 8 encoder layers,
+d=256, batch 32) with GPipe's re-computation ('always'); a step is the
+forward, the loss and every variable's gradient (no update). Per (K, M):
+
+  throughput   batch / median step time, over `rounds` rounds in which
+               every configuration of the part runs one step, starting one
+               further along each round (interleaved: the machine's drift
+               hits all alike)
+  normalised   throughput / that of K=2 M=1 (the paper's normalisation)
+  ideal        K M / (M + K - 1), normalised the same way (K=2 M=1: 1)
+  bubble       measured by step_trace (one traced step after warm-up)
+               beside GPipe's (K-1)/(M+K-1)
+
+Part 1: K=1 and K=2 on two worker processes, each pinned to one core
+(`LocalWorkers`), partition k on task k: real parallel devices. Part 2:
+K=4 and K=8 on 8 logical CPUs of one process, which share the 2 cores:
+it shows the schedule's overheads, not a speed-up (2 cores cannot run 4
+or 8 partitions at once), and its normalisation is to its own K=2 M=1 on
+the same logical CPUs. One client process per part (connecting to a
+cluster changes a process for good). Nothing else should run meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from lingvo_pipe.core import local_workers  # noqa: E402
+
+Config = Tuple[int, int]  # (K, M)
+
+
+def _Label(k: int, m: int) -> str:
+  return f'K={k} M={m}'
+
+
+# ---- the client (a subprocess) ---------------------------------------------
+
+
+def _Client(args: argparse.Namespace) -> None:
+  from lingvo_pipe.core import quiet  # pylint: disable=g-import-not-at-top
+  quiet.ImportTensorFlow()
+  from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import devices as devices_lib  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import step_trace  # pylint: disable=g-import-not-at-top
+  import stack as stack_lib  # pylint: disable=g-import-not-at-top
+  if args.cluster_spec:
+    devices = cluster.Connect(cluster.ParseClusterSpec(args.cluster_spec))
+  else:
+    devices = devices_lib.SplitCpu(max(args.ks))
+  stack = stack_lib.Stack()
+  inputs = stack_lib.Inputs(stack)
+  steps, out = {}, {}
+  for k in args.ks:
+    for m in args.ms:
+      setup = stack_lib.Setup('pipe', k, m, 'always')
+      layer = stack_lib.BuildModel(stack, setup, devices)
+      fn = stack_lib.StepFunction(layer, setup, devices[0])
+      steps[_Label(k, m)] = stack_lib.Prepare(fn, inputs, args.warmup).fn
+      trace = step_trace.Measure(fn.python_function, inputs, warmup=1)
+      layer_path = trace.Layers()[0]
+      out[_Label(k, m)] = {
+          'k': k, 'm': m, 'times': [], 'bubble': trace.Bubble(layer_path),
+          'ideal_bubble': trace.IdealBubble(layer_path),
+          'busy': trace.BusyFractions(layer_path),
+          'devices': devices[:k]}
+  for label in stack_lib.Rotations(list(steps), args.rounds):
+    begin = time.perf_counter()
+    steps[label](inputs)[0].numpy()
+    out[label]['times'].append(time.perf_counter() - begin)
+  print(json.dumps({'batch': stack.batch, 'stack': stack.Describe(),
+                    'configs': out}), flush=True)
+
+
+# ---- the driver ------------------------------------------------------------
+
+
+def _RunClient(args: argparse.Namespace, ks: List[int], spec: str) -> dict:
+  command = [sys.executable, os.path.abspath(__file__), '--client',
+             '--ks=' + ','.join(map(str, ks)), f'--ms={args.ms}',
+             f'--rounds={args.rounds}', f'--warmup={args.warmup}']
+  if spec:
+    command.append(f'--cluster_spec={spec}')
+  child = subprocess.run(command, capture_output=True, text=True,
+                         timeout=args.timeout,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  if child.returncode:
+    raise SystemExit(f'client failed:\n{child.stderr[-3000:]}')
+  return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def _Table(res: dict, ks: List[int], ms: List[int]) -> str:
+  configs = res['configs']
+  base = statistics.median(configs[_Label(2, 1)]['times'])
+  lines = ['| K | ' + ' | '.join(f'M={m}' for m in ms) + ' |',
+           '|---|' + '---|' * len(ms)]
+  for k in ks:
+    cells = []
+    for m in ms:
+      rec = configs[_Label(k, m)]
+      t = statistics.median(rec['times'])
+      cells.append(f'{base / t:.2f} ({k * m / (m + k - 1):.2f}); bubble '
+                   f'{rec["bubble"]:.0%} ({rec["ideal_bubble"]:.0%})')
+    lines.append(f'| {k} | ' + ' | '.join(cells) + ' |')
+  lines.append('')
+  lines.append('Cells: normalised throughput (ideal); measured bubble '
+               '(GPipe\'s (K-1)/(M+K-1)). K=2 M=1 median step: '
+               f'{base:.3f} s for {res["batch"]} examples.')
+  return '\n'.join(lines)
+
+
+def _Args() -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--rounds', type=int, default=5)
+  parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--ms', default='1,4,8,32')
+  parser.add_argument('--timeout', type=float, default=3600)
+  parser.add_argument('--json_out', default='')
+  parser.add_argument('--client', action='store_true', help=argparse.SUPPRESS)
+  parser.add_argument('--ks', help=argparse.SUPPRESS)
+  parser.add_argument('--cluster_spec', default='', help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.client:
+    args.ks = [int(k) for k in args.ks.split(',')]
+    args.ms = [int(m) for m in args.ms.split(',')]
+  return args
+
+
+def main() -> None:
+  args = _Args()
+  if args.client:
+    _Client(args)
+    return
+  ms = [int(m) for m in args.ms.split(',')]
+  print(f'$ {" ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}\n'
+        f'{time.strftime("%Y-%m-%d %H:%M")} UTC, nproc {os.cpu_count()}, '
+        f'load {os.getloadavg()[0]:.2f}', flush=True)
+  with tempfile.TemporaryDirectory(prefix='table2_') as logs:
+    with local_workers.LocalWorkers(2, logs, cores=[0, 1]) as workers:
+      part1 = _RunClient(args, [1, 2], workers.spec)
+  print(f'\nModel: {part1["stack"]}; re-computation always.\n\n'
+        '### K=1, 2 on two worker processes, one core each\n\n' +
+        _Table(part1, [1, 2], ms), flush=True)
+  part2 = _RunClient(args, [2, 4, 8], '')
+  print('\n### K=2, 4, 8 on 8 logical CPUs sharing 2 cores (overheads, not '
+        'speed)\n\n' + _Table(part2, [2, 4, 8], ms), flush=True)
+  if args.json_out:
+    with open(args.json_out, 'w') as f:
+      json.dump({'workers': part1, 'logical': part2}, f)
+
+
+if __name__ == '__main__':
+  main()
