@@ -5,7 +5,8 @@
 #   3. bash tools/bazel_test.sh bazel test //... (one process per test file,
 #                               and checks the BUILD files' deps), except
 #                               the tests tagged "integration" (trainer and
-#                               worker processes) or "slow" (whole models),
+#                               worker processes) or "slow" (whole models,
+#                               or over 30 s),
 #                               minutes in all: pytest ran them just now,
 #                               Bazel still builds them, and bazel_build_test
 #                               checks their deps (this keeps the suite
