@@ -1,11 +1,14 @@
 """The paper's Table 2 on this machine: normalised throughput over K and M.
 
-  .venv/bin/python bench/throughput/table2.py [--rounds=5] [--warmup=2]
-      [--ms=1,4,8,32] [--json_out=FILE]
+  .venv/bin/python bench/throughput/table2.py [--model=transformer]
+      [--rounds=5] [--warmup=2] [--ms=1,4,8,32] [--json_out=FILE]
 
-The model is bench/gpipe's Transformer stack (stack.py: 8 encoder layers,
-d=256, batch 32) with GPipe's re-computation ('always'); a step is the
-forward, the loss and every variable's gradient (no update). Per (K, M):
+--model=transformer: bench/gpipe's Transformer stack (stack.py: 8 encoder
+layers, d=256, batch 32); --model=amoebanet: AmoebaNet-D (6, 16) as
+lingvo_pipe.tasks.image.amoebanet builds it (not yet the published cells),
+on 32x32 images, batch 32, partitioned by flops. GPipe's re-computation
+('always'); a step is the forward, the loss (mean square of the output)
+and every variable's gradient (no update). Per (K, M):
 
   throughput   batch / median step time, over `rounds` rounds in which
                every configuration of the part runs one step, starting one
@@ -55,7 +58,7 @@ def _Label(k: int, m: int) -> str:
 
 def _Client(args: argparse.Namespace) -> None:
   from lingvo_pipe.core import quiet  # pylint: disable=g-import-not-at-top
-  quiet.ImportTensorFlow()
+  tf = quiet.ImportTensorFlow()
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import devices as devices_lib  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import step_trace  # pylint: disable=g-import-not-at-top
@@ -65,13 +68,19 @@ def _Client(args: argparse.Namespace) -> None:
   else:
     devices = devices_lib.SplitCpu(max(args.ks))
   stack = stack_lib.Stack()
-  inputs = stack_lib.Inputs(stack)
+  if args.model == 'transformer':
+    inputs, describe = stack_lib.Inputs(stack), stack.Describe()
+  else:
+    inputs, describe = _AmoebaInputs(), _AMOEBA_TEXT
   steps, out = {}, {}
   for k in args.ks:
     for m in args.ms:
       setup = stack_lib.Setup('pipe', k, m, 'always')
-      layer = stack_lib.BuildModel(stack, setup, devices)
-      fn = stack_lib.StepFunction(layer, setup, devices[0])
+      if args.model == 'transformer':
+        layer = stack_lib.BuildModel(stack, setup, devices)
+        fn = stack_lib.StepFunction(layer, setup, devices[0])
+      else:
+        fn = _AmoebaStep(k, m, devices)
       steps[_Label(k, m)] = stack_lib.Prepare(fn, inputs, args.warmup).fn
       trace = step_trace.Measure(fn.python_function, inputs, warmup=1)
       layer_path = trace.Layers()[0]
@@ -84,8 +93,42 @@ def _Client(args: argparse.Namespace) -> None:
     begin = time.perf_counter()
     steps[label](inputs)[0].numpy()
     out[label]['times'].append(time.perf_counter() - begin)
-  print(json.dumps({'batch': stack.batch, 'stack': stack.Describe(),
-                    'configs': out}), flush=True)
+  print(json.dumps({'batch': int(tf.nest.flatten(inputs)[0].shape[0]),
+                    'stack': describe, 'configs': out}), flush=True)
+
+
+# AmoebaNet-D as lingvo_pipe.tasks.image.amoebanet builds it today (not yet
+# the published cells: issue 11), CIFAR-sized.
+_AMOEBA = dict(num_cells=6, filters=16, num_classes=10)
+_AMOEBA_BATCH = 32
+_AMOEBA_TEXT = ('AmoebaNet-D (L, D) = (6, 16) of lingvo_pipe.tasks.image.'
+                f'amoebanet, 32x32x3 images, batch {_AMOEBA_BATCH}, float32')
+
+
+def _AmoebaInputs():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.random.stateless_normal([_AMOEBA_BATCH, 32, 32, 3], [1, 2])
+
+
+def _AmoebaStep(k: int, m: int, devices: List[str]):
+  """tf.function: images -> (loss, every gradient); partitions by flops."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.tasks.image import amoebanet  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.tasks.image import model  # pylint: disable=g-import-not-at-top
+  p = model.GPipeNetworkParams(
+      amoebanet.AmoebaNetD(**_AMOEBA), k, m,
+      tf.TensorShape([_AMOEBA_BATCH // m, 32, 32, 3]))
+  layer = p.Set(name='amoebanet', devices=devices[:k]).Instantiate()
+  layer.SetTraining(True)
+  variables = layer.vars.Flatten()
+
+  def Step(images):
+    with tf.GradientTape() as tape:
+      logits = layer.FPropDefaultTheta(images)
+      loss = tf.reduce_mean(tf.square(logits))
+    return loss, tape.gradient(loss, variables)
+
+  return tf.function(Step, autograph=False)
 
 
 # ---- the driver ------------------------------------------------------------
@@ -93,6 +136,7 @@ def _Client(args: argparse.Namespace) -> None:
 
 def _RunClient(args: argparse.Namespace, ks: List[int], spec: str) -> dict:
   command = [sys.executable, os.path.abspath(__file__), '--client',
+             f'--model={args.model}',
              '--ks=' + ','.join(map(str, ks)), f'--ms={args.ms}',
              f'--rounds={args.rounds}', f'--warmup={args.warmup}']
   if spec:
@@ -130,6 +174,8 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--ms', default='1,4,8,32')
+  parser.add_argument('--model', choices=['transformer', 'amoebanet'],
+                      default='transformer')
   parser.add_argument('--timeout', type=float, default=3600)
   parser.add_argument('--json_out', default='')
   parser.add_argument('--client', action='store_true', help=argparse.SUPPRESS)
