@@ -290,8 +290,10 @@ def Measure(fn: Callable[..., Any], *args: Any, warmup: int = 2
 
 
 def MeasureStep(task: Any, batch: Any, warmup: int = 2) -> StepTrace:
-  """Measure() of `task.Gradients(batch)`: a training step's forward and
-  backward (every replica), without the update, so training is unchanged.
+  """Measure() of one training step of `task`, without its update.
+
+  Runs `task.Gradients(batch)`: the forward and backward of every replica,
+  so the variables and the training that follows are unchanged.
   """
   return Measure(task.Gradients, batch, warmup=warmup)
 
