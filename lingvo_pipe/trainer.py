@@ -466,11 +466,10 @@ def _RunJob(p: Any) -> None:
   text = p.ToText()
   logging.info('Model params:\n%s', text)
   if FLAGS.job == 'trainer':
-    with open(os.path.join(FLAGS.logdir, 'params.txt'), 'w',
-              encoding='utf-8') as f:
+    params_path = os.path.join(FLAGS.logdir, 'params.txt')
+    with open(params_path, 'w', encoding='utf-8') as f:
       f.write(text + '\n')
-    print(f'Model params: {os.path.join(FLAGS.logdir, "params.txt")}',
-          flush=True)
+    print(f'Model params: {params_path}', flush=True)
   runner = Runner(p, FLAGS.logdir)
   if FLAGS.job == 'trainer':
     runner.WriteTimelines()

@@ -484,12 +484,11 @@ class PipelineRun:
     None without re-computation; (None, None) otherwise.
     """
     x = self._x.pop((k, m))
-    kept = self._kept.get((k, m), ([], []))
-    start = self._Begin(k, after + x + list(dy) + kept[0] + kept[1],
+    y, kept = self._kept.pop((k, m), ([], []))  # the forward's, if kept
+    start = self._Begin(k, after + x + list(dy) + y + kept,
                         [('B', k + 1, m)] if k + 1 < self._k else [])
     after = list(after) + _Present(start)
     if k in self._split_cells:
-      y, kept = self._kept.pop((k, m))
       with _After(after):
         dx, dtheta = self._split_cells[k].Backward(theta_leaves, x, kept, dy,
                                                    y)

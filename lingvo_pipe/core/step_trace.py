@@ -101,9 +101,8 @@ class StepTrace:
     """Per device (as Devices): time in its tasks / the layer's span."""
     begin, end = self.Span(layer)
     busy = {d: 0.0 for d in self.Devices(layer)}
-    for t in self.tasks:
-      if t.layer == layer:
-        busy[t.device] += t.end - t.start
+    for t in self._Mine(layer):
+      busy[t.device] += t.end - t.start
     return [b / max(end - begin, 1e-12) for b in busy.values()]
 
   def Bubble(self, layer: str) -> float:
@@ -266,16 +265,14 @@ def Measure(fn: Callable[..., Any], *args: Any, warmup: int = 2
   if any(_TaskOf(d) is None for d in devices):
     clocks['this process'] = 'the trainer\'s own clock'
   for task, (offset, err) in list(offsets.items()):
-    if abs(offset) <= err:
-      # Indistinguishable from ours (one host: the same clock); shifting by
-      # the estimate would only add its noise.
-      offsets[task] = (0.0, err)
-      clocks[task] = (f'offset {offset * 1e3:+.3f} ms +- {err * 1e3:.3f} ms '
-                      'from a round trip: within its uncertainty, not '
-                      'shifted')
-    else:
-      clocks[task] = (f'offset {offset * 1e3:+.3f} ms +- {err * 1e3:.3f} ms '
-                      'from a round trip, subtracted')
+    # Within its uncertainty the clock is indistinguishable from ours (one
+    # host: the same clock); shifting by the estimate would add its noise.
+    applied = abs(offset) > err
+    offsets[task] = (offset if applied else 0.0, err)
+    clocks[task] = (f'offset {offset * 1e3:+.3f} ms +- {err * 1e3:.3f} ms '
+                    'from a round trip' + (', subtracted' if applied else
+                                           ': within its uncertainty, not '
+                                           'shifted'))
   stamps = []
   for i, task in enumerate(recorder.tasks):
     shift = offsets.get(_TaskOf(task.device), (0.0, 0.0))[0]
@@ -300,7 +297,7 @@ def MeasureStep(task: Any, batch: Any, warmup: int = 2) -> StepTrace:
 
 # ---- the picture -------------------------------------------------------
 
-_COLORS = {'F': '#4a90d9', 'B': '#e8913a', 'R': '#f3c18f'}
+_COLORS = dict(timeline.PHASE_COLORS, R='#f3c18f')  # R: re-computation
 _LEFT, _TOP, _ROW_H, _BAR_H, _WIDTH = 260, 70, 34, 24, 900
 
 

@@ -21,7 +21,8 @@ import tensorflow as tf
 from lingvo_pipe.core import schedule
 
 _CELL_W, _CELL_H, _LEFT, _TOP = 34, 26, 190, 48
-_COLORS = {'F': '#4a90d9', 'B': '#e8913a'}
+# Forward blue, backward orange (step_trace's measured picture uses them too).
+PHASE_COLORS = {'F': '#4a90d9', 'B': '#e8913a'}
 
 
 def ShortDeviceName(name: str) -> str:
@@ -65,7 +66,7 @@ def ScheduleSvg(num_partitions: int, num_micro_batches: int,
   for t in tasks:
     x, y = _LEFT + t.tick * _CELL_W, _TOP + t.partition * _CELL_H
     out.append(f'<rect x="{x + 1}" y="{y}" width="{_CELL_W - 2}" '
-               f'height="{_CELL_H - 2}" fill="{_COLORS[t.phase]}"/>')
+               f'height="{_CELL_H - 2}" fill="{PHASE_COLORS[t.phase]}"/>')
     out.append(f'<text x="{x + 6}" y="{y + 17}" fill="white">'
                f'{t.phase}{t.micro_batch}</text>')
   legend_y = _TOP + num_partitions * _CELL_H + 24
