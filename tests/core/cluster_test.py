@@ -61,34 +61,64 @@ print('ok', flush=True)
 
 
 # Forward of a 2-partition pipeline (20 x tanh(x @ w), 512 wide, per
-# partition; 8 micro-batches) with both partitions on task 0, then on
-# tasks 0 and 1: prints the median step seconds of each.
+# partition; 8 micro-batches) with both partitions on task 0 ('pipe1') and
+# on tasks 0 and 1 ('pipe2'); as a control, the same two cells run as two
+# independent computations, no data between them ('ind1', 'ind2'). Rounds
+# interleave the four, so a neighbour that takes a core for a while slows
+# all of them alike. Each attempt prints 'attempt <pipe1/pipe2> <ind1/ind2>'
+# (medians of per-round ratios); the client stops after the first attempt
+# whose control shows two free cores and whose pipeline gains enough
+# (argv: min control ratio, min fraction of the control's gain), or after
+# three attempts.
 _OVERLAP_CLIENT = """
 import statistics, sys, time
 import tensorflow as tf
 from lingvo_pipe.core import cluster, gpipe, layers
 names = cluster.Connect(cluster.ParseClusterSpec(sys.argv[1]))
+min_control, min_fraction = float(sys.argv[2]), float(sys.argv[3])
 def Cell(k):
   return layers.SequentialLayer.Params().Set(sub=[
       layers.ProjectionLayer.Params().Set(
           name=f'p{k}_{i}', input_dim=512, output_dim=512,
           activation='TANH') for i in range(20)])
 x = tf.random.stateless_normal([512, 512], [1, 2])
-medians = []
-for where in ([names[0], names[0]], names[:2]):
+one, two = [names[0], names[0]], names[:2]
+steps = {}
+for label, where in (('pipe1', one), ('pipe2', two)):
   pipe = gpipe.PipeliningLayer.Params().Set(
       name='pipe', cell_tpl=[Cell(0), Cell(1)], num_micro_batches=8,
       devices=where).Instantiate()
-  step = tf.function(pipe.FPropDefaultTheta, autograph=False)
-  for _ in range(2):
-    step(x).numpy()
-  times = []
-  for _ in range(7):
-    start = time.perf_counter()
-    step(x).numpy()
-    times.append(time.perf_counter() - start)
-  medians.append(statistics.median(times))
-print('medians', *medians, flush=True)
+  steps[label] = tf.function(pipe.FPropDefaultTheta, autograph=False)
+for label, where in (('ind1', one), ('ind2', two)):
+  cells = []
+  for k in range(2):
+    with tf.device(where[k]):
+      cells.append(Cell(k).Set(name=f'{label}_{k}').Instantiate())
+  def Independent(x, cells=cells, where=where):
+    outs = []
+    for cell, device in zip(cells, where):
+      with tf.device(device):
+        outs.append(cell.FPropDefaultTheta(x))
+    return outs
+  steps[label] = tf.function(Independent, autograph=False)
+def Seconds(step):
+  start = time.perf_counter()
+  tf.nest.map_structure(lambda t: t.numpy(), step(x))
+  return time.perf_counter() - start
+for step in steps.values():
+  Seconds(step)
+for _ in range(3):
+  times = {label: [] for label in steps}
+  for _ in range(5):
+    for label, step in steps.items():
+      times[label].append(Seconds(step))
+  pipe = statistics.median(
+      a / b for a, b in zip(times['pipe1'], times['pipe2']))
+  control = statistics.median(
+      a / b for a, b in zip(times['ind1'], times['ind2']))
+  print('attempt', pipe, control, flush=True)
+  if control >= min_control and pipe - 1 >= min_fraction * (control - 1):
+    break
 """
 
 
@@ -136,9 +166,10 @@ class ClusterTest(absltest.TestCase):
                          [os.getcwd(), os.environ.get('PYTHONPATH', '')]))
     self._env.pop('TF_NUM_INTEROP_THREADS', None)
 
-  def _Client(self, source, spec):
+  def _Client(self, source, spec, *args):
     client = subprocess.run(
-        [sys.executable, '-c', textwrap.dedent(source), spec], env=self._env,
+        [sys.executable, '-c', textwrap.dedent(source), spec, *args],
+        env=self._env,
         capture_output=True, text=True, timeout=240)
     self.assertEqual(client.returncode, 0, client.stderr[-2000:])
     return client.stdout
@@ -162,18 +193,39 @@ class ClusterTest(absltest.TestCase):
   def testPartitionsOverlapOnPinnedServers(self):
     """Two servers, one core each: partition 1 works while 0 does.
 
-    Turn-taking (the bug of docs/DESIGN.md section 15) makes both
-    placements equally fast (measured 1.0x); overlapping, two tasks are
-    1.6-1.7x faster (ideal 16/9 = 1.78x). The margin is generous: 1.25x.
+    Measured here: two tasks ran the pipeline forward 1.52x and 1.74x
+    faster than one task (ideal 16/9 = 1.78x) while the control gained
+    1.95x and 1.94x. With the bug of docs/DESIGN.md section 15 (servers
+    with one inter-op thread, the partitions take turns): 0.90-1.06x beside
+    a control of 1.80-1.89x. The test asks the pipeline for 0.35 of the
+    control's gain (1.33x beside 1.94x). With a busy loop on core 1 the
+    control fell to 0.93-1.29x and the pipeline to 1.04x (CI once read
+    1.05x): nobody can tell overlap from turn-taking on a core that is not
+    free, so after three attempts with a control under 1.5x the test skips.
     """
     if devices.NumCores() < 2:
       self.skipTest('needs 2 cores')
     spec = self._StartServers()
-    out = self._Client(_OVERLAP_CLIENT, spec)
-    one_task, two_tasks = map(float, out.split('medians')[1].split())
-    self.assertGreater(one_task / two_tasks, 1.25,
-                       f'one task {one_task:.3f} s, two {two_tasks:.3f} s')
-
+    min_control, min_fraction = 1.5, 0.35
+    out = self._Client(_OVERLAP_CLIENT, spec, str(min_control),
+                       str(min_fraction))
+    attempts = [tuple(map(float, line.split()[1:]))
+                for line in out.splitlines() if line.startswith('attempt')]
+    self.assertTrue(attempts, out)
+    tested = [(pipe, control) for pipe, control in attempts
+              if control >= min_control]
+    if not tested:
+      self.skipTest('core 1 was not free: two independent computations on '
+                    'two tasks ran only ' + ', '.join(
+                        f'{c:.2f}x' for _, c in attempts) + ' faster than '
+                    f'on one (needs {min_control}x to test overlap)')
+    self.assertTrue(
+        any(pipe - 1 >= min_fraction * (control - 1)
+            for pipe, control in tested),
+        'two tasks ran the pipeline only (pipeline, control) = ' + ', '.join(
+            f'({p:.2f}x, {c:.2f}x)' for p, c in tested) + ' faster than one '
+        f'task, under {min_fraction} of the control\'s gain: the partitions '
+        'took turns')
 
 
 if __name__ == '__main__':
