@@ -45,18 +45,26 @@ Cost = Union[str, Sequence[float]]
 # ---- the split -----------------------------------------------------------
 
 
-def MinMaxPartition(costs: Sequence[float],
-                    num_partitions: int) -> List[int]:
+class NoFeasibleSplit(ValueError):
+  """No split into the asked number of parts satisfies `fits`."""
+
+
+def MinMaxPartition(costs: Sequence[float], num_partitions: int,
+                    fits: Optional[Callable[[int, int], bool]] = None
+                    ) -> List[int]:
   """Boundaries of the contiguous split minimising the largest part cost.
 
   Returns [0 = b_0 < b_1 < ... < b_K = n]: part k is costs[b_k:b_{k+1}],
-  never empty. Exact, by dynamic programming over suffixes:
+  never empty. With `fits`, only parts costs[s:e] with fits(s, e) true are
+  allowed (e.g. a part's memory under a budget); raises NoFeasibleSplit if
+  no split of K parts has every part fitting. Exact, by dynamic
+  programming over suffixes:
 
     best[p][s] = least possible max part cost of splitting costs[s:] into
-                 p non-empty contiguous parts
+                 p non-empty contiguous parts (that fit)
     best[0][n] = 0,   best[0][s] = inf  for s < n
-    best[p][s] = min over s < e <= n-p+1 of max(sum(costs[s:e]),
-                                                best[p-1][e])
+    best[p][s] = min over s < e <= n-p+1 with fits(s, e) of
+                 max(sum(costs[s:e]), best[p-1][e])
 
   With C* = best[K][0], the boundaries are then chosen left to right, each
   the earliest that keeps the split optimal (deterministic ties):
@@ -78,6 +86,7 @@ def MinMaxPartition(costs: Sequence[float],
     raise ValueError(
         f'MinMaxPartition: num_partitions={num_partitions} must be in '
         f'[1, {n}] for {n} costs.')
+  fits = fits or (lambda s, e: True)
   best = [[math.inf] * n + [0]]
   for p in range(1, num_partitions + 1):
     row = [math.inf] * (n + 1)
@@ -87,15 +96,20 @@ def MinMaxPartition(costs: Sequence[float],
         run += costs[e - 1]
         if run >= row[s]:
           break
-        row[s] = min(row[s], max(run, best[p - 1][e]))
+        if fits(s, e):
+          row[s] = min(row[s], max(run, best[p - 1][e]))
     best.append(row)
   target = best[num_partitions][0]
+  if target == math.inf:
+    raise NoFeasibleSplit(
+        f'MinMaxPartition: no split into {num_partitions} parts has every '
+        'part fitting; use more parts or relax the constraint.')
   bounds = [0]
   for p in range(num_partitions, 0, -1):
     s, run = bounds[-1], 0
     for e in range(s + 1, n - p + 2):
       run += costs[e - 1]
-      if run <= target and best[p - 1][e] <= target:
+      if run <= target and best[p - 1][e] <= target and fits(s, e):
         bounds.append(e)
         break
   return bounds
@@ -176,7 +190,7 @@ class BalanceReport:
       rows.append((str(k), span, str(len(names)), fmt(part.cost),
                    f'{part.cost / total:.1%}' if total > 0 else '-',
                    _Count(part.num_params),
-                   '-' if act is None else _Bytes(act)))
+                   '-' if act is None else Bytes(act)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [head]
     for row in rows:  # text columns left-aligned, numbers right-aligned
@@ -197,7 +211,7 @@ def _Count(x: float) -> str:
   return f'{x:.3g} P'
 
 
-def _Bytes(x: int) -> str:
+def Bytes(x: int) -> str:
   """2048 -> '2.00 KiB'."""
   if x < 1024:
     return f'{x} B'
@@ -227,20 +241,20 @@ def _IsShape(x: Any) -> bool:
       d is None or isinstance(d, int) for d in x)
 
 
-def _MapShapes(fn: Callable[[Any], Any], x: Any) -> Any:
+def MapShapes(fn: Callable[[Any], Any], x: Any) -> Any:
   """Applies `fn` to every shape leaf of a nest of dicts, lists, tuples."""
   if _IsShape(x):
     return fn(x)
   if isinstance(x, dict):
-    return type(x)((k, _MapShapes(fn, v)) for k, v in x.items())
+    return type(x)((k, MapShapes(fn, v)) for k, v in x.items())
   if isinstance(x, (list, tuple)):
-    return type(x)(_MapShapes(fn, v) for v in x)
+    return type(x)(MapShapes(fn, v) for v in x)
   raise TypeError(
       f'Expected shapes (TensorShape, TensorSpec, list of dims) in a nest '
       f'of NestedMaps, lists and tuples; got {x!r}.')
 
 
-def _InputArgs(input_shapes: Any) -> Tuple[Any, ...]:
+def InputArgs(input_shapes: Any) -> Tuple[Any, ...]:
   """The first layer's positional inputs: a tuple of shape nests."""
   if isinstance(input_shapes, tuple) and not _IsShape(input_shapes):
     return input_shapes
@@ -256,18 +270,18 @@ def _LeafBytes(leaf: Any, dtype: tf.DType) -> Optional[int]:
 
 def _OutBytes(out_shapes: Any, dtype: tf.DType) -> Optional[int]:
   sizes = []
-  _MapShapes(lambda s: sizes.append(_LeafBytes(s, dtype)), out_shapes)
+  MapShapes(lambda s: sizes.append(_LeafBytes(s, dtype)), out_shapes)
   return None if None in sizes else sum(sizes)
 
 
-def _LayerDtype(p: hyperparams.Params, default: tf.DType) -> tf.DType:
+def LayerDtype(p: hyperparams.Params, default: tf.DType) -> tf.DType:
   return p.fprop_dtype or p.dtype or default
 
 
 # ---- per-layer costs -----------------------------------------------------
 
 
-def _NamedCopies(layers: Sequence[hyperparams.Params]
+def NamedCopies(layers: Sequence[hyperparams.Params]
                  ) -> List[hyperparams.Params]:
   """Copies of `layers`, each named (`layer_{i}` if empty), names unique."""
   copies = [p.Copy() for p in layers]
@@ -291,7 +305,7 @@ def _Metas(layer_ps: Sequence[hyperparams.Params], args: Tuple[Any, ...],
   If not strict, a layer without FPropMeta ends the chain: it and the
   layers after it get None.
   """
-  args = _MapShapes(
+  args = MapShapes(
       lambda s: s.shape if isinstance(s, tf.TensorSpec) else
       tf.TensorShape(s), args)
   metas = []
@@ -316,7 +330,7 @@ def _Metas(layer_ps: Sequence[hyperparams.Params], args: Tuple[Any, ...],
 def _MetaBytes(layer_ps: Sequence[hyperparams.Params], metas: List[Any],
                dtype: tf.DType) -> List[Optional[int]]:
   return [None if m is None else _OutBytes(tuple(m.out_shapes),
-                                           _LayerDtype(p, dtype))
+                                           LayerDtype(p, dtype))
           for p, m in zip(layer_ps, metas)]
 
 
@@ -330,7 +344,7 @@ def _ParamCounts(layer_ps: Sequence[hyperparams.Params]) -> List[int]:
     return [base_layer.NumParameters(p.Instantiate()) for p in layer_ps]
 
 
-def _RandomInputs(args: Tuple[Any, ...], dtype: tf.DType) -> Any:
+def RandomInputs(args: Tuple[Any, ...], dtype: tf.DType) -> Any:
   """Tensors of the given shapes: floats uniform in [0, 1), others zero."""
   count = [0]
 
@@ -347,7 +361,25 @@ def _RandomInputs(args: Tuple[Any, ...], dtype: tf.DType) -> Any:
     return tf.random.stateless_uniform(spec.shape, [0, count[0]],
                                        dtype=spec.dtype)
 
-  return _MapShapes(Make, args)
+  return MapShapes(Make, args)
+
+
+def MedianSeconds(fn: Callable[..., Any], args: Tuple[Any, ...],
+                  num_runs: int) -> Tuple[float, Any]:
+  """(median seconds of fn(*args) over num_runs after a warm-up, its result).
+
+  The warm-up call traces a tf.function; devices are synchronised after
+  every call, so an accelerator's queued work is counted.
+  """
+  out = fn(*args)
+  tf.test.experimental.sync_devices()
+  times = []
+  for _ in range(num_runs):
+    start = time.perf_counter()
+    fn(*args)
+    tf.test.experimental.sync_devices()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times), out
 
 
 def _TimeLayer(p: hyperparams.Params, args: Tuple[Any, ...],
@@ -356,15 +388,7 @@ def _TimeLayer(p: hyperparams.Params, args: Tuple[Any, ...],
   layer = p.Instantiate()
   fprop = tf.function(lambda *a: layer.FProp(layer.theta, *a),
                       autograph=False)
-  out = fprop(*args)  # traces and runs once
-  tf.test.experimental.sync_devices()
-  times = []
-  for _ in range(num_runs):
-    start = time.perf_counter()
-    fprop(*args)
-    tf.test.experimental.sync_devices()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times), out
+  return MedianSeconds(fprop, args, num_runs)
 
 
 def _MeasureTimes(layer_ps: Sequence[hyperparams.Params],
@@ -375,7 +399,7 @@ def _MeasureTimes(layer_ps: Sequence[hyperparams.Params],
   Layers are built one at a time on the current device (wrap the call in
   `tf.device(...)` to time an accelerator) and dropped after timing.
   """
-  args = _RandomInputs(args, _LayerDtype(layer_ps[0], dtype))
+  args = RandomInputs(args, LayerDtype(layer_ps[0], dtype))
   times, sizes = [], []
   for p in layer_ps:
     q = p.Copy()
@@ -426,7 +450,7 @@ def _LayerCosts(layer_ps: Sequence[hyperparams.Params], cost: Cost,
           "(e.g. (tf.TensorShape([8, 512]),)); pass them or use "
           "cost='params'.")
     return name, costs, [None] * n
-  args = _InputArgs(input_shapes)
+  args = InputArgs(input_shapes)
   if name == 'time':
     costs, sizes = _MeasureTimes(layer_ps, args, dtype, num_runs)
     return name, costs, sizes
@@ -474,7 +498,7 @@ def PartitionWithReport(
     raise ValueError(
         f'PartitionSequentialLayers: num_micro_batches={num_micro_batches}; '
         'use 1 or more.')
-  layer_ps = _NamedCopies(layers)
+  layer_ps = NamedCopies(layers)
   n = len(layer_ps)
   if num_partitions < 1 or num_partitions > n:
     raise ValueError(

@@ -183,6 +183,17 @@ class SplitCell:
       self._residual_names = list(reads)
     return self.forward_function(theta_leaves, x)
 
+  def InputsRead(self) -> List[int]:
+    """Indices of the inputs x that the gradient reads (after a Forward).
+
+    With the residuals, these are what a kept forward holds until its
+    backward (the planner counts their bytes).
+    """
+    if not self._backwards:
+      raise RuntimeError(f'{self._name}: call Forward before InputsRead.')
+    backward = next(iter(self._backwards.values()))
+    return sorted({i for kind, i in backward.refs if kind == 'x'})
+
   def _TraceForward(self, theta_leaves: List[tf.Tensor],
                     x: List[tf.Tensor]) -> Tuple[List[tf.Tensor],
                                                  List[tf.Tensor]]:
