@@ -23,6 +23,7 @@ from typing import Optional
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import lr_schedule
 from lingvo_pipe.core import optimizer
+from lingvo_pipe.core.nested_map import NestedMap
 from lingvo_pipe.tasks.mt import input_generator
 from lingvo_pipe.tasks.mt import model
 from lingvo_pipe.tasks.mt import transformer
@@ -95,12 +96,15 @@ class TransformerGPipeBase:
         self.HIDDEN_DIM, self.NUM_HEADS, dropout_prob=self.DROPOUT,
         atten_dropout_prob=self.ATTEN_DROPOUT,
         relu_dropout_prob=self.RELU_DROPOUT)
-    micro_batch = max(1, self.BATCH_SIZE // self.NUM_MICRO_BATCHES)
-    shapes = transformer.StateShapes(micro_batch, self.MAX_LENGTH,
-                                     self.MAX_LENGTH, self.MODEL_DIM)
     return transformer.PipelinedStack(
         layer_params, self.NUM_PARTITIONS, self.NUM_MICRO_BATCHES,
-        input_shapes=shapes, recompute=self.RECOMPUTE)
+        input_shapes=self.MicroBatchInputShapes(), recompute=self.RECOMPUTE)
+
+  def MicroBatchInputShapes(self) -> NestedMap:
+    """Shapes of the stack's input state for one training micro-batch."""
+    micro_batch = max(1, self.BATCH_SIZE // self.NUM_MICRO_BATCHES)
+    return transformer.StateShapes(micro_batch, self.MAX_LENGTH,
+                                   self.MAX_LENGTH, self.MODEL_DIM)
 
   def Task(self) -> hyperparams.Params:
     p = model.TransformerMT.Params().Set(

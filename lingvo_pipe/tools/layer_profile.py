@@ -1,0 +1,173 @@
+"""Per-layer costs of a layer list, measured once on the target device.
+
+`ProfileLayers(layers, input_shapes, ...)` builds each layer in turn on
+the current device (wrap the call in `tf.device(...)` for an accelerator),
+feeds it random inputs of one micro-batch (its predecessor's output) and
+measures:
+
+  forward_s     median seconds of FProp (one tf.function call)
+  backward_s    median seconds of FProp + the gradient of every floating
+                output w.r.t. the layer's inputs and variables, minus
+                forward_s: the gradient alone
+  residual_bytes  forward intermediates the gradient reads (kept for the
+                backward when activations are kept); a view (reshape,
+                expand_dims ...) counts as what it views, once, and
+                nothing if it views an input or a variable
+  input_read_bytes  bytes of the layer's own inputs the gradient reads
+  output_bytes  the layer's outputs for one micro-batch
+  num_params, param_bytes, slot_bytes  trainable scalars, their bytes,
+                and the optimizer's slots
+                for them (created, then counted)
+
+Activation memory comes from the traced gradient graph, not from the
+resident set: `residuals.SplitCell` (the pipeline's own kept-activation
+analysis) lists the tensors of the forward that the gradient's ops read,
+and their sizes are exact and the same on every device type, with no
+allocator in the way. The resident set (bench/gpipe/memory.py) would need
+a process per layer and its noise (tens of MiB) exceeds a small layer's
+activations; on a GPU `tf.config.experimental.get_memory_info` would do,
+on a CPU it does not exist. What the graph does not see, the working
+memory of the gradient's own temporaries, the cost model
+(`step_model.py`) adds from these same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from lingvo_pipe.core import hyperparams
+from lingvo_pipe.core import partitioner
+from lingvo_pipe.core import residuals
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerProfile:
+  """One layer's measured costs for one micro-batch (module docstring)."""
+  name: str
+  forward_s: float
+  backward_s: float
+  residual_bytes: int
+  input_read_bytes: int
+  input_bytes: int
+  output_bytes: int
+  num_params: int
+  param_bytes: int
+  slot_bytes: int
+
+
+# Ops whose output shares its input's buffer: a kept view costs nothing
+# beyond what it views.
+_ALIASING_OPS = ('Reshape', 'ExpandDims', 'Squeeze', 'Identity',
+                 'StopGradient')
+
+
+def _Bytes(tensors: Any) -> int:
+  return sum(int(t.shape.num_elements()) * t.dtype.size
+             for t in tf.nest.flatten(tensors))
+
+
+def _GradientFn(layer: Any, args: Tuple[Any, ...]) -> Any:
+  """tf.function: forward, then d(outputs) / d(inputs, variables)."""
+  x_leaves = tf.nest.flatten(args)
+
+  def Step(*x):
+    theta = layer.theta.Transform(tf.convert_to_tensor)
+    theta_leaves = theta.Flatten()
+    tape = tf.GradientTape(watch_accessed_variables=False)
+    with tape:
+      tape.watch([t for t in list(x) + theta_leaves if residuals.IsFloat(t)])
+      y = tf.nest.flatten(layer.FProp(
+          theta.Pack(theta_leaves), *tf.nest.pack_sequence_as(args, x)))
+    dy = [tf.ones_like(t) if residuals.IsFloat(t) else None for t in y]
+    return residuals.Gradients(tape, y, dy, list(x), theta_leaves)
+
+  return tf.function(Step, autograph=False), x_leaves
+
+
+def _KeptBytes(layer: Any, args: Tuple[Any, ...]) -> Tuple[int, int]:
+  """(residual bytes, bytes of the inputs read) of the layer's gradient."""
+
+  def Cell(theta_leaves, x):
+    theta = layer.theta.Pack(theta_leaves)
+    return tf.nest.flatten(layer.FProp(
+        theta, *tf.nest.pack_sequence_as(args, x)))
+
+  split = residuals.SplitCell(
+      layer.params.name, Cell,
+      lambda fn: tf.function(fn, autograph=False))
+  x = tf.nest.flatten(args)
+  theta_leaves = [tf.convert_to_tensor(v) for v in layer.theta.Flatten()]
+  split.Forward(theta_leaves, x)
+  graph = split.forward_function.get_concrete_function(theta_leaves,
+                                                       x).graph
+  _, kept = graph.structured_outputs
+  sources = {}
+  for t in kept:
+    while t.op.type in _ALIASING_OPS:
+      t = t.op.inputs[0]
+    if t.op.type != 'Placeholder':  # not a view of an input or variable
+      sources[t.name] = t
+  read = sum(_Bytes(x[i]) for i in split.InputsRead())
+  return _Bytes(list(sources.values())), read
+
+
+def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
+                optimizer_p: Optional[hyperparams.Params],
+                num_runs: int) -> Tuple[LayerProfile, Any]:
+  layer = p.Instantiate()
+  layer.SetTraining(True)
+  fprop = tf.function(lambda *a: layer.FProp(layer.theta, *a),
+                      autograph=False)
+  forward_s, out = partitioner.MedianSeconds(fprop, args, num_runs)
+  grad_fn, x_leaves = _GradientFn(layer, args)
+  both_s, _ = partitioner.MedianSeconds(grad_fn, tuple(x_leaves), num_runs)
+  residual_bytes, read_bytes = _KeptBytes(layer, args)
+  variables = [v for v in layer.vars.Flatten() if v.trainable]
+  slot_bytes = 0
+  if optimizer_p is not None and variables:
+    opt = optimizer_p.Copy().Set(name='planner_slots').Instantiate()
+    opt.CreateSlots({f'v{i}': v for i, v in enumerate(variables)})
+    slot_bytes = sum(_Bytes(s) for s in opt.SlotVariables().values()
+                     if s.shape.rank)  # the step counter is a scalar
+  profile = LayerProfile(
+      name=p.name, forward_s=forward_s,
+      backward_s=max(both_s - forward_s, 0.0),
+      residual_bytes=residual_bytes, input_read_bytes=read_bytes,
+      input_bytes=_Bytes(args), output_bytes=_Bytes(out),
+      num_params=sum(int(v.shape.num_elements()) for v in variables),
+      param_bytes=sum(_Bytes(v) for v in variables), slot_bytes=slot_bytes)
+  return profile, out
+
+
+def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
+                  dtype: tf.DType = tf.float32,
+                  optimizer_p: Optional[hyperparams.Params] = None,
+                  num_runs: int = 5) -> List[LayerProfile]:
+  """One LayerProfile per layer, in order (module docstring).
+
+  Args:
+    layers: layer params applied in order (copied; empty names become
+      `layer_{i}`, as the partitioner names them).
+    input_shapes: the first layer's inputs for one micro-batch
+      (partitioner.PartitionWithReport's input_shapes).
+    dtype: dtype of layers whose params leave it None.
+    optimizer_p: the training optimizer's params, to count its slots; None
+      counts none.
+    num_runs: timed runs per measurement, after one warm-up.
+  """
+  layer_ps = partitioner.NamedCopies(layers)
+  args = partitioner.RandomInputs(
+      partitioner.InputArgs(input_shapes),
+      partitioner.LayerDtype(layer_ps[0], dtype))
+  profiles = []
+  for p in layer_ps:
+    q = p.Copy()
+    if q.dtype is None:
+      q.dtype = dtype
+    profile, out = _ProfileOne(q, args, optimizer_p, num_runs)
+    profiles.append(profile)
+    args = out if isinstance(out, tuple) else (out,)
+  return profiles

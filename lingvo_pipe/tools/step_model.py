@@ -1,0 +1,155 @@
+"""Predicted time and memory of one PipeliningLayer training step.
+
+From measured per-layer costs (`layer_profile.LayerProfile`) and a split
+into K partitions, per partition k and micro-batch:
+
+  F_k  = sum of its layers' forward_s
+  B_k  = sum of its layers' backward_s, + F_k if it re-computes its forward
+         (recompute 'always'; 'except_last' for all but the last)
+
+Step time is the end of the GPipe schedule (schedule.py) run with these
+costs, each task starting when its device's previous task and its inputs
+are done (the pipeline's control dependencies, pipeline_run.py):
+
+  F(k, m) after F(k, m-1) on device k and F(k-1, m)
+  B(k, m) after the device's previous task and B(k+1, m); B(K-1, m) after
+          every F(K-1, *) (the loss needs the whole batch's output)
+
+  K=2 M=2, F = (1, 2), B = (3, 4):
+    dev 0:  F0 0-1  F1 1-2                  B1 9-12  B0 13-16
+    dev 1:          F0 1-3  F1 3-5  B1 5-9  B0 9-13
+    step = 16
+
+plus `overhead_s` per task (the runtime's cost of one partition function
+call). Memory of partition k, for one step, in bytes:
+
+  resident   params P_k + optimizer slots S_k
+  gradients  P_k: the running sum (one micro-batch's gradient grows as
+             its re-computed activations are freed)
+  kept       M x in_k: each micro-batch's input, held until its backward
+             + M x R_k if it keeps activations, else R_k while one
+             micro-batch is re-computed and differentiated
+  last       the last partition also holds the whole batch's output and
+             its gradient: 2 M x out
+  peak       resident + gradients + kept (+ last); the step memory
+             (what a step adds over the memory between steps) is kept
+
+R_k is what the partition's gradient reads from its forward: its layers'
+residual_bytes, plus the inputs of its inner layers that their gradients
+read (input_read_bytes; the partition's own input is already in M x in_k).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Sequence, Tuple
+
+from lingvo_pipe.core import schedule
+from lingvo_pipe.tools import layer_profile
+
+Profile = layer_profile.LayerProfile
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionPrediction:
+  """One partition's predicted costs (module docstring)."""
+  forward_s: float
+  backward_s: float
+  resident_bytes: int
+  gradient_bytes: int
+  kept_bytes: int
+
+  @property
+  def peak_bytes(self) -> int:
+    return self.resident_bytes + self.gradient_bytes + self.kept_bytes
+
+  @property
+  def step_bytes(self) -> int:
+    """What a step adds on top of the resident model: the activations."""
+    return self.kept_bytes
+
+
+def KeepsActivations(recompute: str, k: int, num_partitions: int) -> bool:
+  """As PipeliningLayer: which partitions keep their activations."""
+  return recompute == 'never' or (recompute == 'except_last' and
+                                  k == num_partitions - 1)
+
+
+def PartitionResidualBytes(profiles: Sequence[Profile]) -> int:
+  """R of one partition's layers (module docstring)."""
+  return (sum(p.residual_bytes for p in profiles) +
+          sum(p.input_read_bytes for p in profiles[1:]))
+
+
+def PredictPartition(part: Sequence[Profile], num_micro_batches: int,
+                     keeps: bool, is_last: bool) -> PartitionPrediction:
+  """One partition of layers `part` (module docstring)."""
+  m = num_micro_batches
+  fwd = sum(p.forward_s for p in part)
+  residual = PartitionResidualBytes(part)
+  kept = m * part[0].input_bytes + (m * residual if keeps else residual)
+  if is_last:
+    kept += 2 * m * part[-1].output_bytes
+  params = sum(p.param_bytes for p in part)
+  return PartitionPrediction(
+      forward_s=fwd,
+      backward_s=sum(p.backward_s for p in part) + (0.0 if keeps else fwd),
+      resident_bytes=params + sum(p.slot_bytes for p in part),
+      gradient_bytes=params, kept_bytes=kept)
+
+
+def Predict(profiles: Sequence[Profile], bounds: Sequence[int],
+            num_micro_batches: int, recompute: str = 'always'
+            ) -> List[PartitionPrediction]:
+  """Per partition of the split `bounds` (MinMaxPartition's form)."""
+  k_total = len(bounds) - 1
+  return [PredictPartition(profiles[a:b], num_micro_batches,
+                           KeepsActivations(recompute, k, k_total),
+                           k == k_total - 1)
+          for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+
+
+Task = Tuple[str, int, int]  # (phase, partition, micro-batch)
+
+
+def TaskTimes(forward_s: Sequence[float], backward_s: Sequence[float],
+              num_micro_batches: int, overhead_s: float = 0.0
+              ) -> Dict[Task, Tuple[float, float]]:
+  """(start, end) of every task of the GPipe schedule (module docstring)."""
+  k_total, m_total = len(forward_s), num_micro_batches
+  end: Dict[Task, float] = {}
+  times = {}
+  free = [0.0] * k_total
+  # Ticks order the tasks so that every dependency is computed first.
+  for task in schedule.GPipeSchedule(k_total, m_total):
+    k, m = task.partition, task.micro_batch
+    if task.phase == 'F':
+      deps = [end[('F', k - 1, m)]] if k else []
+      cost = forward_s[k]
+    elif k == k_total - 1:
+      deps = [end[('F', k, j)] for j in range(m_total)]
+      cost = backward_s[k]
+    else:
+      deps = [end[('B', k + 1, m)]]
+      cost = backward_s[k]
+    start = max([free[k]] + deps)
+    key = (task.phase, k, m)
+    end[key] = free[k] = start + cost + overhead_s
+    times[key] = (start, end[key])
+  return times
+
+
+def StepSeconds(forward_s: Sequence[float], backward_s: Sequence[float],
+                num_micro_batches: int, overhead_s: float = 0.0) -> float:
+  """The schedule's critical path: when the last task ends."""
+  times = TaskTimes(forward_s, backward_s, num_micro_batches, overhead_s)
+  return max(e for _, e in times.values())
+
+
+def IdleFraction(forward_s: Sequence[float], backward_s: Sequence[float],
+                 num_micro_batches: int, overhead_s: float = 0.0) -> float:
+  """Predicted bubble: idle share of the devices over the step."""
+  step = StepSeconds(forward_s, backward_s, num_micro_batches, overhead_s)
+  busy = sum(num_micro_batches * (f + b + 2 * overhead_s)
+             for f, b in zip(forward_s, backward_s))
+  return 1.0 - busy / (len(forward_s) * step) if step > 0 else 0.0

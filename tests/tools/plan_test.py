@@ -1,0 +1,223 @@
+"""Tests of the planner: the split under a budget, the predicted step, the
+suggestion, its errors, and one run of the command line.
+
+The split is checked against a brute-force enumeration of every contiguous
+split; the step time against hand-computed GPipe schedules.
+"""
+
+import itertools
+import random
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from lingvo_pipe.core import devices
+
+devices.SplitCpu(4)
+
+from lingvo_pipe.core import hyperparams  # noqa: E402
+from lingvo_pipe.core import model_registry  # noqa: E402
+from lingvo_pipe.tools import layer_profile  # noqa: E402
+from lingvo_pipe.tools import model_pipeline  # noqa: E402
+from lingvo_pipe.tools import plan  # noqa: E402
+from lingvo_pipe.tools import step_model  # noqa: E402
+
+MIB = 2**20
+
+
+def _Profile(i, fwd, bwd, act, params, residual=None):
+  """A layer: times in seconds, `act` MiB in and out, `params` MiB."""
+  return layer_profile.LayerProfile(
+      name=f'layer_{i}', forward_s=fwd, backward_s=bwd,
+      residual_bytes=(residual if residual is not None else 3 * act) * MIB,
+      input_read_bytes=act * MIB, input_bytes=act * MIB,
+      output_bytes=act * MIB, num_params=params * MIB // 4,
+      param_bytes=params * MIB, slot_bytes=2 * params * MIB)
+
+
+def _RandomProfiles(rng, n):
+  return [_Profile(i, rng.randint(1, 8) / 8, rng.randint(1, 16) / 8,
+                   rng.randint(1, 4), rng.randint(0, 6)) for i in range(n)]
+
+
+def _Peaks(profiles, bounds, m, recompute):
+  return [p.peak_bytes
+          for p in step_model.Predict(profiles, bounds, m, recompute)]
+
+
+def _MaxCost(profiles, bounds, recompute):
+  costs = plan._LayerCosts(profiles, recompute)  # pylint: disable=protected-access
+  return max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+
+class SplitTest(parameterized.TestCase):
+
+  @parameterized.parameters('always', 'never', 'except_last')
+  def testOptimalAmongFeasibleSplits(self, recompute):
+    rng = random.Random(7)
+    for _ in range(40):
+      n, k, m = rng.randint(2, 7), rng.randint(1, 4), rng.choice([1, 2, 4])
+      k = min(k, n)
+      profiles = _RandomProfiles(rng, n)
+      splits = [[0, *cuts, n]
+                for cuts in itertools.combinations(range(1, n), k - 1)]
+      peaks = sorted(max(_Peaks(profiles, s, m, recompute)) for s in splits)
+      budget = peaks[rng.randrange(len(peaks))]
+      feasible = [s for s in splits
+                  if max(_Peaks(profiles, s, m, recompute)) <= budget]
+      best = min(_MaxCost(profiles, s, recompute) for s in feasible)
+      got = plan.Split(profiles, k, m, recompute, budget)
+      self.assertLessEqual(max(_Peaks(profiles, got, m, recompute)), budget)
+      self.assertEqual(_MaxCost(profiles, got, recompute), best)
+      self.assertEqual(plan.LeastPeak(profiles, k, m, recompute), peaks[0])
+
+  def testBudgetMovesTheSplit(self):
+    # Four equal layers in time; layer 0 keeps 40 MiB for its backward.
+    profiles = [_Profile(0, 1 / 8, 1 / 8, 1, 0, residual=40)] + [
+        _Profile(i, 1 / 8, 1 / 8, 1, 0, residual=1) for i in (1, 2, 3)]
+    self.assertEqual(plan.Split(profiles, 2, 1), [0, 2, 4])
+    # Peaks, M=1 'always' (no parameters): input + residuals + inner
+    # inputs read, + 2 x output on the last partition.
+    #   [0, 2): 1 + (40 + 1) + 1 = 43 MiB    [0, 1): 1 + 40 = 41 MiB
+    #   [2, 4): 1 + (1 + 1) + 1 + 2 = 6      [1, 4): 1 + 3 + 2 + 2 = 8
+    self.assertEqual(plan.Split(profiles, 2, 1, budget=43 * MIB), [0, 2, 4])
+    self.assertEqual(plan.Split(profiles, 2, 1, budget=42 * MIB), [0, 1, 4])
+    self.assertEqual(plan.LeastPeak(profiles, 2, 1), 41 * MIB)
+
+
+class StepTimeTest(absltest.TestCase):
+
+  def testOneDevice(self):
+    self.assertEqual(step_model.StepSeconds([0.5], [1.25], 4), 7.0)
+
+  def testTwoDevicesTwoMicroBatches(self):
+    # The module docstring's table.
+    times = step_model.TaskTimes([1, 2], [3, 4], 2)
+    self.assertEqual(times, {
+        ('F', 0, 0): (0, 1), ('F', 0, 1): (1, 2),
+        ('F', 1, 0): (1, 3), ('F', 1, 1): (3, 5),
+        ('B', 1, 1): (5, 9), ('B', 1, 0): (9, 13),
+        ('B', 0, 1): (9, 12), ('B', 0, 0): (13, 16)})
+    self.assertEqual(step_model.StepSeconds([1, 2], [3, 4], 2), 16)
+
+  def testFillAndDrain(self):
+    # Equal stages: (M + K - 1) ticks each way.
+    self.assertEqual(step_model.StepSeconds([1] * 3, [2] * 3, 4),
+                     (4 + 3 - 1) * (1 + 2))
+    # Idle share of equal stages is GPipe's bubble (K-1)/(M+K-1).
+    self.assertAlmostEqual(step_model.IdleFraction([1] * 3, [2] * 3, 4),
+                           2 / 6, places=12)
+
+  def testOverheadPerTask(self):
+    self.assertEqual(step_model.StepSeconds([1], [2], 2, overhead_s=0.5),
+                     2 * (1 + 2) + 4 * 0.5)
+
+
+class SuggestTest(absltest.TestCase):
+
+  def _ByM(self):
+    """Four equal layers; a smaller micro-batch keeps less per micro-batch.
+
+    Step times (F=1/8 s, B=2/8 s per layer per micro-batch of M=1, scaled
+    by 1/M; recompute adds F): the fastest is K=2 at M=4.
+    """
+    out = {}
+    for m in (1, 2, 4):
+      out[m] = [_Profile(i, 1 / 8 / m, 2 / 8 / m, 16 // m, 1,
+                         residual=64 // m) for i in range(4)]
+    return out
+
+  def testSuggestionChangesWithBudget(self):
+    by_m = self._ByM()
+    free = plan.Suggest('toy', by_m, 8, [1, 2])
+    self.assertEqual((free.num_partitions, free.num_micro_batches), (2, 4))
+    self.assertIn('fastest predicted', free.why)
+    tight_budget = plan.LeastPeak(by_m[4], 2, 4) - 1
+    tight = plan.Suggest('toy', by_m, 8, [1, 2, 3, 4], budget=tight_budget)
+    self.assertGreater(tight.num_partitions, 2)
+    for part in tight.partitions:
+      self.assertLessEqual(part.peak_bytes, tight_budget)
+
+  def testNothingFits(self):
+    with self.assertRaisesRegex(ValueError, r'^memory_budget=1\.00 KiB fits '
+                                r'no K .* raise --memory_budget[^\n]*$'):
+      plan.Suggest('toy', self._ByM(), 8, [1, 2], budget=1024)
+
+
+class _NoPipeline:
+  """A registered model without a PipeliningLayer."""
+
+  def Task(self):
+    p = hyperparams.Params()
+    p.Define('name', '', 'The name.')
+    p.Define('network', hyperparams.Params(), 'Not a pipeline.')
+    return p
+
+  def Train(self):
+    return None
+
+
+model_registry.RegisterSingleTaskModel(_NoPipeline)
+_NO_PIPELINE = model_registry._Key(_NoPipeline)  # pylint: disable=protected-access
+
+
+class ErrorsTest(absltest.TestCase):
+
+  def testUnknownModel(self):
+    with self.assertRaisesRegex(LookupError, "^Unknown model 'image.synth"
+                                r"etic.AmoebaNetTiny'; did you mean"):
+      plan.Main(['--model=image.synthetic.AmoebaNetTiny'])
+
+  def testNoPipeline(self):
+    with self.assertRaisesRegex(ValueError, r'has no PipeliningLayer in '
+                                r'its task params; put its network in one'):
+      model_pipeline.FromRegistry(_NO_PIPELINE)
+
+  def testTooManyPartitions(self):
+    profiles = _RandomProfiles(random.Random(1), 3)
+    with self.assertRaisesRegex(ValueError, r'^num_partitions=4 but the '
+                                r'pipeline has 3 layers; use between 1 and '
+                                r'3\.$'):
+      plan.Evaluate('toy', profiles, 8, 4, 1)
+
+  def testBudgetTooSmall(self):
+    profiles = [_Profile(i, 1 / 8, 1 / 8, 1, 0, residual=8)
+                for i in range(4)]
+    need = plan.LeastPeak(profiles, 1, 1)
+    with self.assertRaisesRegex(
+        ValueError, r'^memory_budget=\S+ MiB is too small for K=1 M=1: its '
+        r'best split needs \S+ MiB on one device; raise --memory_budget to '
+        r'\S+ MiB or use K=2 partitions\.$'):
+      plan.Evaluate('toy', profiles, 8, 1, 1, budget=need - 1)
+
+  def testBadBudgetText(self):
+    with self.assertRaisesRegex(ValueError, r"^memory_budget='lots' is not "
+                                'a size; write e.g. 2GiB'):
+      plan.ParseBytes('lots')
+    self.assertEqual(plan.ParseBytes('1.5 KiB'), 1536)
+    self.assertIsNone(plan.ParseBytes(''))
+
+
+class CommandLineTest(absltest.TestCase):
+
+  def testPlansARegisteredModel(self):
+    pipe = model_pipeline.FromRegistry('image.synthetic.ResNetTinyGPipe')
+    report = plan.Main(['--model=image.synthetic.ResNetTinyGPipe',
+                        '--num_partitions=2', '--num_micro_batches=4',
+                        '--num_timing_runs=1'])
+    lines = report.splitlines()
+    self.assertRegex(lines[0], r"^Plan for 'image.synthetic.ResNetTinyGPipe'"
+                     ': K=2 partitions, M=4 micro-batches of 8 \\(batch 32\\)')
+    self.assertRegex(report, r'Predicted step: \d+\.\d+ s')
+    self.assertIn('Pipeline balance by time: K=2 partitions, M=4', report)
+    # Both cells' layers together are the model's layers, in order.
+    names = [p.name for p in pipe.layers]
+    rows = [line.split() for line in lines if line.startswith('  0 ') or
+            line.startswith('  1 ')]
+    self.assertLen(rows, 4)  # the predictions and the balance report
+    self.assertEqual(rows[2][1], names[0])
+    self.assertEqual(rows[3][3], names[-1])
+
+
+if __name__ == '__main__':
+  absltest.main()
