@@ -163,11 +163,17 @@ def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
       partitioner.InputArgs(input_shapes),
       partitioner.LayerDtype(layer_ps[0], dtype))
   profiles = []
-  for p in layer_ps:
-    q = p.Copy()
-    if q.dtype is None:
-      q.dtype = dtype
-    profile, out = _ProfileOne(q, args, optimizer_p, num_runs)
-    profiles.append(profile)
-    args = out if isinstance(out, tuple) else (out,)
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel('ERROR')  # one tf.function per layer: TF warns retracing
+  try:
+    for p in layer_ps:
+      q = p.Copy()
+      if q.dtype is None:
+        q.dtype = dtype
+      profile, out = _ProfileOne(q, args, optimizer_p, num_runs)
+      profiles.append(profile)
+      args = out if isinstance(out, tuple) else (out,)
+  finally:
+    logger.setLevel(level)
   return profiles

@@ -1,0 +1,269 @@
+"""The planner's predictions against measurement, per configuration.
+
+  .venv/bin/python bench/planner/run.py [--models=transformer,amoebanet]
+      [--ks=1,2] [--ms=1,4,8] [--rounds=7] [--json_out=FILE]
+
+For each model and (K, M), recompute 'always', batch 32:
+1. Predicted (a process pinned to core 0 with `taskset`, as each worker
+   will be): lingvo_pipe.tools.plan measures every layer once per
+   micro-batch size (layer_profile.py) and predicts the split, the step
+   time (GPipe critical path) and each partition's step memory (gradients
+   + kept activations: the peak above what stays resident between steps).
+2. Measured: two `tf.distribute.Server` workers pinned to cores 0 and 1
+   (`LocalWorkers`), partition k on task k, built with the predicted split.
+   A step is forward, loss = mean(output ** 2) and every gradient, no
+   update (as bench/gpipe). Step time: median over `rounds` interleaved
+   rounds (every configuration one step per round, starting one further
+   along each round: stack.Rotations). Memory per worker: its RSS
+   high-water mark over two steps minus its RSS before them, after
+   warm-up (bench/gpipe/device_memory.py's method), with glibc's mmap
+   threshold at 128 KiB and oneDNN off in every process so that RSS
+   follows the live tensors.
+
+Models: 'transformer' is bench/gpipe's stack (8 TransformerEncoderLayers,
+d=256, ff 1024, 4 heads, seq 64); 'amoebanet' is AmoebaNet-D (6, 16) of
+tasks/image/amoebanet.py on 32x32x3 images (as bench/throughput). Before
+measuring it waits until no `bench/memory` process runs (two busy
+processes on 2 cores slow each other by 10-20%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
+ENV = {'MALLOC_MMAP_THRESHOLD_': '131072', 'TF_ENABLE_ONEDNN_OPTS': '0',
+       'TF_CPP_MIN_LOG_LEVEL': '2'}
+os.environ.update(ENV)
+
+from lingvo_pipe.core import local_workers  # noqa: E402
+
+BATCH = 32
+
+
+def _Model(name: str) -> Any:
+  """(layer params, input shapes of one example batch fn, inputs fn)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import transformer_layers  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core.nested_map import NestedMap  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.tasks.image import amoebanet  # pylint: disable=g-import-not-at-top
+  if name == 'transformer':
+    layer_ps = [transformer_layers.TransformerEncoderLayer.Params().Set(
+        name=f'layer{i}', model_dim=256, hidden_dim=1024, num_heads=4)
+                for i in range(8)]
+    shapes = lambda b: NestedMap(vec=tf.TensorShape([b, 64, 256]),  # noqa: E731
+                                 paddings=tf.TensorShape([b, 64]))
+  else:
+    layer_ps = amoebanet.AmoebaNetD(num_cells=6, filters=16, num_classes=10)
+    shapes = lambda b: tf.TensorShape([b, 32, 32, 3])  # noqa: E731
+  return layer_ps, shapes
+
+
+def _Inputs(name: str) -> Any:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core.nested_map import NestedMap  # pylint: disable=g-import-not-at-top
+  if name == 'transformer':
+    return NestedMap(
+        vec=tf.random.stateless_normal([BATCH, 64, 256], [1, 2]),
+        paddings=tf.zeros([BATCH, 64]))
+  return tf.random.stateless_normal([BATCH, 32, 32, 3], [1, 2])
+
+
+# ---- part 1: predictions (pinned child) ------------------------------------
+
+
+def _Predict(args: argparse.Namespace) -> None:
+  from lingvo_pipe.core import devices  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.tools import layer_profile  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.tools import plan  # pylint: disable=g-import-not-at-top
+  devices.SplitCpu(1)
+  layer_ps, shapes = _Model(args.model)
+  out = {}
+  for m in args.ms:
+    profiles = layer_profile.ProfileLayers(layer_ps, shapes(BATCH // m),
+                                           num_runs=args.timing_runs)
+    for k in args.ks:
+      res = plan.Evaluate(args.model, profiles, BATCH, k, m)
+      out[f'{k},{m}'] = {
+          'bounds': res.bounds, 'step_s': res.step_s,
+          'step_bytes': [p.step_bytes for p in res.partitions],
+          'peak_bytes': [p.peak_bytes for p in res.partitions],
+          'fb': [(p.forward_s, p.backward_s) for p in res.partitions]}
+  print(json.dumps(out), flush=True)
+
+
+# ---- part 2: measurements (client of the workers) --------------------------
+
+
+def _StepFn(layer: Any) -> Any:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  variables = layer.vars.Flatten()
+
+  def Step(inputs):
+    with tf.GradientTape() as tape:
+      out = layer.FPropDefaultTheta(inputs)
+      out = out.vec if isinstance(out, dict) else out
+      loss = tf.reduce_mean(tf.square(out))
+    return loss, tape.gradient(loss, variables)
+
+  return tf.function(Step, autograph=False)
+
+
+def _Build(model: str, bounds: List[int], m: int, devices: List[str]) -> Any:
+  from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import layers  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import partitioner  # pylint: disable=g-import-not-at-top
+  layer_ps = partitioner.NamedCopies(_Model(model)[0])
+  cells = [layers.SequentialLayer.Params().Set(name=f'cell_{k}',
+                                               sub=layer_ps[a:b])
+           for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+  layer = gpipe.PipeliningLayer.Params().Set(
+      name=model, cell_tpl=cells, num_micro_batches=m, recompute='always',
+      devices=devices[:len(cells)]).Instantiate()
+  layer.SetTraining(True)
+  return layer
+
+
+def _StepMemory(fn: Any, inputs: Any, pids: List[int]) -> List[int]:
+  """Bytes each worker's RSS peaks above its RSS before two steps."""
+  import proc  # pylint: disable=g-import-not-at-top
+  base = [proc.StatusKiB('VmRSS', pid) for pid in pids]
+  for pid in pids:
+    proc.ResetPeak(pid)
+  for _ in range(2):
+    fn(inputs)[0].numpy()
+  return [(proc.StatusKiB('VmHWM', pid) - b) * 1024
+          for pid, b in zip(pids, base)]
+
+
+def _Measure(args: argparse.Namespace) -> None:
+  from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
+  import stack as stack_lib  # pylint: disable=g-import-not-at-top
+  devices = cluster.Connect(cluster.ParseClusterSpec(args.cluster_spec))
+  pids = [int(p) for p in args.pids.split(',')]
+  predicted = json.loads(args.predicted)
+  inputs = _Inputs(args.model)
+  fns, out = {}, {}
+  for label, pred in predicted.items():
+    k, m = map(int, label.split(','))
+    fn = _StepFn(_Build(args.model, pred['bounds'], m, devices))
+    stack_lib.Prepare(fn, inputs, args.warmup)
+    fns[label] = fn
+    out[label] = {'times': [], 'step_bytes': _StepMemory(fn, inputs,
+                                                         pids[:k])}
+  for label in stack_lib.Rotations(list(fns), args.rounds):
+    start = time.perf_counter()
+    fns[label](inputs)[0].numpy()
+    out[label]['times'].append(time.perf_counter() - start)
+  print(json.dumps(out), flush=True)
+
+
+# ---- the driver ------------------------------------------------------------
+
+
+def _Child(args: argparse.Namespace, part: str, extra: List[str],
+           pin: bool = False) -> Dict[str, Any]:
+  command = [sys.executable, os.path.abspath(__file__), f'--part={part}',
+             f'--model={args.model}', f'--ks={args.ks}', f'--ms={args.ms}',
+             f'--rounds={args.rounds}', f'--warmup={args.warmup}',
+             f'--timing_runs={args.timing_runs}'] + extra
+  if pin:
+    command = ['taskset', '-c', '0'] + command
+  child = subprocess.run(command, capture_output=True, text=True,
+                         timeout=args.timeout, env=dict(os.environ, **ENV))
+  if child.returncode:
+    raise SystemExit(f'{part} failed:\n{child.stderr[-3000:]}')
+  return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def _WaitIdle() -> None:
+  """Until no bench/memory process runs (polls every 30 s)."""
+  while subprocess.run(['pgrep', '-f', 'bench/memory'],
+                       capture_output=True).returncode == 0:
+    print('waiting: a bench/memory process is running', flush=True)
+    time.sleep(30)
+
+
+def _Error(pred: float, meas: float) -> str:
+  return f'{(pred - meas) / meas:+.0%}'
+
+
+def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
+  mib = 2**20
+  lines = [f'### {model}', '',
+           '| K M | split | step predicted | measured | error | step memory '
+           'per worker predicted | measured | error |',
+           '|---|---|---|---|---|---|---|---|']
+  for label, p in pred.items():
+    k, m = label.split(',')
+    t = statistics.median(meas[label]['times'])
+    mem_p, mem_m = p['step_bytes'], meas[label]['step_bytes']
+    lines.append(
+        f'| {k} {m} | {p["bounds"]} | {p["step_s"]:.3f} s | {t:.3f} s | '
+        f'{_Error(p["step_s"], t)} | '
+        + ', '.join(f'{x / mib:.1f}' for x in mem_p) + ' MiB | '
+        + ', '.join(f'{x / mib:.1f}' for x in mem_m) + ' MiB | '
+        + ', '.join(_Error(a, b) for a, b in zip(mem_p, mem_m)) + ' |')
+  return '\n'.join(lines)
+
+
+def _Args() -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--models', default='transformer,amoebanet')
+  parser.add_argument('--ks', default='1,2')
+  parser.add_argument('--ms', default='1,4,8')
+  parser.add_argument('--rounds', type=int, default=7)
+  parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--timing_runs', type=int, default=7)
+  parser.add_argument('--timeout', type=float, default=3600)
+  parser.add_argument('--json_out', default='')
+  parser.add_argument('--wait_idle', type=int, default=1,
+                      help='0: measure even if bench/memory runs (noisy).')
+  parser.add_argument('--part', default='', help=argparse.SUPPRESS)
+  parser.add_argument('--model', default='', help=argparse.SUPPRESS)
+  parser.add_argument('--cluster_spec', default='', help=argparse.SUPPRESS)
+  parser.add_argument('--pids', default='', help=argparse.SUPPRESS)
+  parser.add_argument('--predicted', default='', help=argparse.SUPPRESS)
+  return parser.parse_args()
+
+
+def main() -> None:
+  args = _Args()
+  if args.part:
+    args.ks = [int(k) for k in args.ks.split(',')]
+    args.ms = [int(m) for m in args.ms.split(',')]
+    {'predict': _Predict, 'measure': _Measure}[args.part](args)
+    return
+  if args.wait_idle:
+    _WaitIdle()
+  print(f'$ {" ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}\n'
+        f'{time.strftime("%Y-%m-%d %H:%M")} UTC, nproc {os.cpu_count()}, '
+        f'load {os.getloadavg()[0]:.2f}', flush=True)
+  results = {}
+  for model in args.models.split(','):
+    args.model = model
+    pred = _Child(args, 'predict', [], pin=True)
+    with tempfile.TemporaryDirectory(prefix='planner_') as logs:
+      with local_workers.LocalWorkers(2, logs, cores=[0, 1]) as workers:
+        meas = _Child(args, 'measure', [
+            f'--cluster_spec={workers.spec}',
+            '--pids=' + ','.join(map(str, workers.pids)),
+            f'--predicted={json.dumps(pred)}'])
+    results[model] = {'predicted': pred, 'measured': meas}
+    print('\n' + _Table(model, pred, meas), flush=True)
+  if args.json_out:
+    with open(args.json_out, 'w') as f:
+      json.dump(results, f)
+
+
+if __name__ == '__main__':
+  main()
