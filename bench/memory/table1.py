@@ -1,0 +1,367 @@
+"""The paper's Table 1 on this machine: the largest model within a budget.
+
+  .venv/bin/python bench/memory/table1.py [--model=transformer]
+      [--budget_mib=128] [--m=8] [--setups=naive,1,2,4] [--json_out=FILE]
+
+For a memory budget per device, finds the largest model of a family that
+trains one step (forward, loss, every gradient, an Adam update), in four
+set-ups as GPipe's Table 1:
+
+  naive        no pipeline, no re-computation, one device
+  pipeline-1   PipeliningLayer, K=1, M micro-batches, re-computation
+  pipeline-2   K=2: partition k on device k, re-computation
+  pipeline-4   K=4
+
+Families: --model=transformer grows the number of bench/gpipe Transformer
+encoder layers (d=128, ff=512, 4 heads, seq 64, batch 32); --model=
+amoebanet grows the filters D of lingvo_pipe.tasks.image.amoebanet's
+AmoebaNet-D (6, D) on 16x16 images, batch 32 (partitioned by flops).
+
+A device is a `tf.distribute.Server` process on 127.0.0.1 (`LocalWorkers`,
+one per partition; naive and pipeline-1 use one), so each partition's
+memory is a process's own resident memory, which a CPU runtime reports no
+other way (TF's per-device memory stats are GPU-only). The servers run
+with glibc's mmap threshold at 128 KiB and oneDNN off, as bench/gpipe's
+memory.py explains: resident memory then follows the live tensors. One
+client process per probe builds and runs the model; per server it reads:
+
+  param      RSS after the client created the variables and Adam's slots,
+             minus RSS before (measured); beside it the exact bytes of
+             those variables
+  activation peak RSS during the second step (high-water mark reset
+             after the first, which traces, optimises and runs once) minus
+             RSS before it: activations kept for the backward, the
+             re-computation's working set, gradients and temporaries
+  runtime    RSS after the first step minus RSS after building: the
+             optimised graphs and their kernels, kept between steps. Not
+             counted: on an accelerator they live in host memory, and here
+             they do not grow with the model's width (AmoebaNet-D (6, D),
+             pipeline-1 M=8: 171, 161, 179 MiB for D = 16, 32, 64), so they
+             hold no tensors. A pipeline keeps more of it than the plain
+             model (three functions per partition): 161 against 62 MiB at
+             D=32, 55 against 25 MiB for 8 Transformer layers.
+  device     param + activation: what an accelerator's memory would hold.
+
+A model fits when every device's `device` is within --budget_mib. The
+search: the smallest size must fit; then sizes grow (doubling, later
+interpolating between the largest fit and the smallest failure, memory
+being monotone in size) until the gap is one size step or 5%. The
+largest size that fitted is reported beside the smallest that did not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from lingvo_pipe.core import local_workers  # noqa: E402
+
+SETUPS = {'naive': 'naive', '1': 'pipeline-1', '2': 'pipeline-2',
+          '4': 'pipeline-4'}
+
+# The families, and how far apart two sizes of one are.
+_TRANSFORMER = dict(model_dim=128, hidden_dim=512, num_heads=4, seq_len=64,
+                    batch=32)
+_AMOEBA_CELLS, _AMOEBA_BATCH, _AMOEBA_IMAGE = 6, 32, 16
+_AMOEBA_STEP = 4  # filters D move in steps of 4
+
+
+def _Describe(model: str) -> str:
+  if model == 'transformer':
+    t = _TRANSFORMER
+    return (f'L TransformerEncoderLayers, d={t["model_dim"]}, ff='
+            f'{t["hidden_dim"]}, {t["num_heads"]} heads, seq {t["seq_len"]}, '
+            f'batch {t["batch"]}, float32')
+  return (f'AmoebaNet-D ({_AMOEBA_CELLS}, D) of lingvo_pipe.tasks.image.'
+          f'amoebanet, {_AMOEBA_IMAGE}x{_AMOEBA_IMAGE}x3 images, batch '
+          f'{_AMOEBA_BATCH}, float32')
+
+
+def _SizeStep(model: str, k: int) -> int:
+  """Sizes are multiples of this: K equal partitions of layers, or D."""
+  return k if model == 'transformer' else _AMOEBA_STEP
+
+
+# ---- one probe (a client subprocess with its own servers) ------------------
+
+
+def _Build(model: str, size: int, k: int, m: int, devices: List[str]):
+  """(layer, inputs, forward fn) of one set-up; k == 0 means naive."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import layers  # pylint: disable=g-import-not-at-top
+  if model == 'transformer':
+    import stack as stack_lib  # pylint: disable=g-import-not-at-top
+    stack = stack_lib.Stack(num_layers=size, **_TRANSFORMER)
+    setup = (stack_lib.Setup('plain') if k == 0 else
+             stack_lib.Setup('pipe', k, m, 'always'))
+    layer = stack_lib.BuildModel(stack, setup, devices)
+    return layer, stack_lib.Inputs(stack), lambda x: layer.FPropDefaultTheta(
+        x).vec
+  from lingvo_pipe.tasks.image import amoebanet  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.tasks.image import model as model_lib  # pylint: disable=g-import-not-at-top
+  layer_ps = amoebanet.AmoebaNetD(num_cells=_AMOEBA_CELLS, filters=size,
+                                  num_classes=10)
+  if k == 0:
+    with tf.device(devices[0]):
+      layer = layers.SequentialLayer.Params().Set(
+          name='amoebanet', sub=layer_ps).Instantiate()
+  else:
+    p = model_lib.GPipeNetworkParams(
+        layer_ps, k, m,
+        tf.TensorShape([_AMOEBA_BATCH // m, _AMOEBA_IMAGE, _AMOEBA_IMAGE, 3]))
+    layer = p.Set(name='amoebanet', devices=devices[:k]).Instantiate()
+    assert isinstance(layer, gpipe.PipeliningLayer)
+  layer.SetTraining(True)
+  inputs = tf.random.stateless_normal(
+      [_AMOEBA_BATCH, _AMOEBA_IMAGE, _AMOEBA_IMAGE, 3], [1, 2])
+  return layer, inputs, layer.FPropDefaultTheta
+
+
+def _Probe(args: argparse.Namespace) -> dict:
+  """Per server: params, param and activation MiB (module docstring)."""
+  import proc  # pylint: disable=g-import-not-at-top  (bench/gpipe)
+  k = max(args.k, 1)
+  with tempfile.TemporaryDirectory(prefix='table1_') as logs, \
+      local_workers.LocalWorkers(k, logs) as workers:
+    from lingvo_pipe.core import quiet  # pylint: disable=g-import-not-at-top
+    tf = quiet.ImportTensorFlow()
+    from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
+    from lingvo_pipe.core import optimizer  # pylint: disable=g-import-not-at-top
+    devices = cluster.Connect(cluster.ParseClusterSpec(workers.spec))
+    pids = workers.pids
+    idle = [proc.StatusKiB('VmRSS', pid) for pid in pids]
+    layer, inputs, forward = _Build(args.model, args.size, args.k, args.m,
+                                    devices)
+    variables = layer.vars.Flatten()
+    adam = optimizer.Adam.Params().Set(name='adam').Instantiate()
+    adam.CreateSlots(variables)
+    built = [proc.StatusKiB('VmRSS', pid) for pid in pids]
+    scope = devices[0] if args.k == 0 else None
+
+    def Step(x):
+      with tf.device(scope):
+        with tf.GradientTape() as tape:
+          loss = tf.reduce_mean(tf.square(forward(x)))
+        grads = tape.gradient(loss, variables)
+        with tf.control_dependencies(adam.Apply(1e-4, zip(grads, variables))):
+          return tf.identity(loss)
+
+    step = tf.function(Step, autograph=False)
+    loss = float(step(inputs))  # traces, optimises, runs once
+    base = [proc.StatusKiB('VmRSS', pid) for pid in pids]
+    for pid in pids:
+      proc.ResetPeak(pid)
+    loss = float(step(inputs))
+    peak = [proc.StatusKiB('VmHWM', pid) for pid in pids]
+    if not math.isfinite(loss):
+      raise SystemExit(f'probe {args.model} size {args.size}: loss {loss}')
+    params, exact = [0] * k, [0] * k
+    task_of = {tf.DeviceSpec.from_string(d).task: i
+               for i, d in enumerate(devices[:k])}
+    trainable = {id(v) for v in variables}
+    for var in variables + list(adam.SlotVariables().values()):
+      task = task_of.get(tf.DeviceSpec.from_string(var.device).task)
+      if task is None:  # Adam's step counter lives on the client
+        continue
+      size = var.shape.num_elements()
+      exact[task] += size * var.dtype.size
+      if id(var) in trainable:
+        params[task] += size
+  mib = lambda kib: kib / 1024  # noqa: E731
+  return {'params': params, 'exact_param_mib': [e / 2**20 for e in exact],
+          'param_mib': [mib(b - i) for b, i in zip(built, idle)],
+          'activation_mib': [mib(p - b) for p, b in zip(peak, base)],
+          'runtime_mib': [mib(b - u) for b, u in zip(base, built)],
+          'loss': loss}
+
+
+def _RunProbe(model: str, size: int, k: int, m: int,
+              timeout: float) -> dict:
+  """One probe in a fresh client process; k == 0 is naive."""
+  command = [sys.executable, os.path.abspath(__file__), '--probe',
+             f'--model={model}', f'--size={size}', f'--k={k}', f'--m={m}']
+  env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072',
+             TF_ENABLE_ONEDNN_OPTS='0', TF_CPP_MIN_LOG_LEVEL='2')
+  child = subprocess.run(command, capture_output=True, text=True,
+                         timeout=timeout, env=env)
+  if child.returncode:
+    raise SystemExit(f'probe {model} size {size} K={k} M={m} failed:\n'
+                     f'{child.stderr[-3000:]}')
+  rec = json.loads(child.stdout.strip().splitlines()[-1])
+  rec['device_mib'] = [p + a for p, a in zip(rec['param_mib'],
+                                             rec['activation_mib'])]
+  rec['size'] = size
+  return rec
+
+
+# ---- the search --------------------------------------------------------------
+
+
+def Largest(fits: Callable[[int], Tuple[bool, float]], start: int, step: int,
+            budget: float, tolerance: float = 0.05,
+            max_probes: int = 12) -> Tuple[Optional[int], Optional[int],
+                                           List[Tuple[int, float]]]:
+  """(largest size that fits, smallest that did not, [(size, memory)]).
+
+  `fits(size)` -> (fits, memory). Sizes are multiples of `step`, from
+  `start`. Memory is assumed to grow with size: the next size interpolates
+  between the largest fit and the smallest failure (or doubles while there
+  is no failure), and the search stops when they are one step or
+  `tolerance` apart. (None, start, ...) if even `start` does not fit.
+  """
+  tried: List[Tuple[int, float]] = []
+
+  def Try(size: int) -> bool:
+    ok, memory = fits(size)
+    tried.append((size, memory))
+    return ok
+
+  if not Try(start):
+    return None, start, tried
+  lo, hi = start, None
+  while len(tried) < max_probes:
+    if hi is not None and (hi - lo <= step or hi - lo <= tolerance * lo):
+      break
+    mem = dict(tried)
+    if hi is None:
+      guess = 2 * lo
+      if len(tried) >= 2:  # extrapolate the last two fits, at most x4
+        (s0, m0), (s1, m1) = sorted(tried)[-2:]
+        if m1 > m0:
+          guess = min(4 * lo, int(s1 + (budget - m1) * (s1 - s0) / (m1 - m0)))
+          guess = max(guess, lo + step)
+    else:
+      m_lo, m_hi = mem[lo], mem[hi]
+      guess = lo + (hi - lo) * (budget - m_lo) / max(m_hi - m_lo, 1e-9)
+      guess = int(guess)
+    guess = max(lo + step, guess // step * step)
+    if hi is not None:
+      guess = min(guess, hi - step)
+    if Try(guess):
+      lo = guess
+    else:
+      hi = guess
+  return lo, hi, tried
+
+
+# ---- the driver --------------------------------------------------------------
+
+
+def _Search(args: argparse.Namespace, setup: str,
+            log: Callable[[str], None]) -> dict:
+  k = 0 if setup == 'naive' else int(setup)
+  m = 1 if setup == 'naive' else args.m
+  step = _SizeStep(args.model, max(k, 1))
+  start = step * math.ceil(args.start / step)
+  records: Dict[int, dict] = {}
+
+  def Fits(size: int) -> Tuple[bool, float]:
+    begin = time.perf_counter()
+    rec = _RunProbe(args.model, size, k, m, args.timeout)
+    records[size] = rec
+    worst = max(rec['device_mib'])
+    log(f'  {SETUPS[setup]} size {size}: device MiB ' + ', '.join(
+        f'{d:.0f}' for d in rec['device_mib']) +
+        f' ({"fits" if worst <= args.budget_mib else "over"}; '
+        f'{time.perf_counter() - begin:.0f} s)')
+    return worst <= args.budget_mib, worst
+
+  lo, hi, tried = Largest(Fits, start, step, args.budget_mib)
+  return {'setup': SETUPS[setup], 'k': k, 'm': m, 'largest': lo,
+          'next_over': hi, 'record': records.get(lo), 'tried': tried}
+
+
+def _Row(res: dict) -> str:
+  rec = res['record']
+  if rec is None:
+    return (f'| {res["setup"]} | none (size {res["next_over"]} is over) '
+            '| | | | | | |')
+  params = sum(rec['params'])
+  return (f'| {res["setup"]} | {res["largest"]} ({res["next_over"]}) | '
+          f'{params / 1e6:.2f} M | {sum(rec["param_mib"]):.0f} '
+          f'({sum(rec["exact_param_mib"]):.0f}) | '
+          f'{max(rec["activation_mib"]):.0f} | '
+          f'{max(rec["runtime_mib"]):.0f} | '
+          f'{max(rec["device_mib"]):.0f} | {len(res["tried"])} |')
+
+
+def _Table(results: List[dict], args: argparse.Namespace) -> str:
+  size_name = 'L' if args.model == 'transformer' else 'D'
+  lines = [f'| set-up | largest {size_name} (next, over) | parameters | '
+           'parameter MiB, measured (exact) | peak activation MiB, worst '
+           'device | runtime MiB (not counted), worst device | device MiB, '
+           'worst | probes |',
+           '|---|---|---|---|---|---|---|---|']
+  lines += [_Row(res) for res in results]
+  naive = next((r for r in results if r['setup'] == 'naive'), None)
+  if naive and naive['record']:
+    base = sum(naive['record']['params'])
+    ratios = [f'{r["setup"]} {sum(r["record"]["params"]) / base:.1f}x'
+              for r in results if r['record'] and r is not naive]
+    lines += ['', 'Parameters against naive: ' + ', '.join(ratios) + '.']
+  return '\n'.join(lines)
+
+
+def _Args() -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--model', choices=['transformer', 'amoebanet'],
+                      default='transformer')
+  parser.add_argument('--budget_mib', type=float, default=128,
+                      help='memory budget of each device (MiB)')
+  parser.add_argument('--m', type=int, default=8,
+                      help='micro-batches of the pipeline set-ups')
+  parser.add_argument('--setups', default='naive,1,2,4',
+                      help='of naive, 1, 2, 4 (pipeline-K)')
+  parser.add_argument('--start', type=int, default=4,
+                      help='smallest size tried (layers or filters)')
+  parser.add_argument('--timeout', type=float, default=1800,
+                      help='seconds per probe')
+  parser.add_argument('--json_out', default='')
+  parser.add_argument('--probe', action='store_true', help=argparse.SUPPRESS)
+  parser.add_argument('--size', type=int, help=argparse.SUPPRESS)
+  parser.add_argument('--k', type=int, default=0, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  bad = [s for s in args.setups.split(',') if s not in SETUPS]
+  if bad:
+    parser.error(f'--setups={args.setups}: {bad} unknown; use some of '
+                 'naive,1,2,4.')
+  if args.budget_mib <= 0 or args.m < 1:
+    parser.error('--budget_mib must be positive and --m at least 1.')
+  return args
+
+
+def main() -> None:
+  args = _Args()
+  if args.probe:
+    print(json.dumps(_Probe(args)), flush=True)
+    # The servers are gone: skip TF's teardown, which would try to remove
+    # the step's functions from them and complain on stderr.
+    os._exit(0)
+  print(f'$ {" ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}\n'
+        f'{time.strftime("%Y-%m-%d %H:%M")} UTC, nproc {os.cpu_count()}, '
+        f'load {os.getloadavg()[0]:.2f}\nModel: {_Describe(args.model)}; '
+        f'budget {args.budget_mib:g} MiB per device; pipelines M={args.m}, '
+        're-computation always; Adam.', flush=True)
+  results = []
+  for setup in args.setups.split(','):
+    results.append(_Search(args, setup, lambda s: print(s, flush=True)))
+  print('\n' + _Table(results, args), flush=True)
+  if args.json_out:
+    with open(args.json_out, 'w') as f:
+      json.dump({'args': vars(args), 'results': results}, f)
+
+
+if __name__ == '__main__':
+  main()
