@@ -15,10 +15,12 @@ For each model and (K, M), recompute 'always', batch 32:
    update (as bench/gpipe). Step time: median over `rounds` interleaved
    rounds (every configuration one step per round, starting one further
    along each round: stack.Rotations). Memory per worker: its RSS
-   high-water mark over two steps minus its RSS before them, after
-   warm-up (bench/gpipe/device_memory.py's method), with glibc's mmap
-   threshold at 128 KiB and oneDNN off in every process so that RSS
-   follows the live tensors.
+   high-water mark during a step minus its RSS before it (median of three
+   steps), after warm-up (bench/gpipe/device_memory.py's method), with
+   glibc's mmap threshold at 128 KiB and oneDNN off in the client and the
+   workers so that RSS follows the live tensors. Times come from a second
+   pass on fresh workers with TF's defaults (the profile too), as a user
+   runs.
 
 Models: 'transformer' is bench/gpipe's stack (8 TransformerEncoderLayers,
 d=256, ff 1024, 4 heads, seq 64); 'amoebanet' is AmoebaNet-D (6, 16) of
@@ -37,13 +39,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
-ENV = {'MALLOC_MMAP_THRESHOLD_': '131072', 'TF_ENABLE_ONEDNN_OPTS': '0',
-       'TF_CPP_MIN_LOG_LEVEL': '2'}
-os.environ.update(ENV)
+# The memory pass only: RSS then follows the live tensors. Times are taken
+# without it (TF's defaults, as a user runs): page faults on every fresh
+# mapping and Eigen instead of oneDNN change the times, not the graph.
+MEMORY_ENV = {'MALLOC_MMAP_THRESHOLD_': '131072', 'TF_ENABLE_ONEDNN_OPTS': '0'}
+os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 
 from lingvo_pipe.core import local_workers  # noqa: E402
 
@@ -134,15 +138,19 @@ def _Build(model: str, bounds: List[int], m: int, devices: List[str]) -> Any:
 
 
 def _StepMemory(fn: Any, inputs: Any, pids: List[int]) -> List[int]:
-  """Bytes each worker's RSS peaks above its RSS before two steps."""
+  """Bytes each worker's RSS peaks above its RSS before a step (median of
+  three steps: one reading varies by several MiB with the threads'
+  interleaving)."""
   import proc  # pylint: disable=g-import-not-at-top
-  base = [proc.StatusKiB('VmRSS', pid) for pid in pids]
-  for pid in pids:
-    proc.ResetPeak(pid)
-  for _ in range(2):
+  readings = []
+  for _ in range(3):
+    base = [proc.StatusKiB('VmRSS', pid) for pid in pids]
+    for pid in pids:
+      proc.ResetPeak(pid)
     fn(inputs)[0].numpy()
-  return [(proc.StatusKiB('VmHWM', pid) - b) * 1024
-          for pid, b in zip(pids, base)]
+    readings.append([(proc.StatusKiB('VmHWM', pid) - b) * 1024
+                     for pid, b in zip(pids, base)])
+  return [statistics.median(r) for r in zip(*readings)]
 
 
 def _Measure(args: argparse.Namespace) -> None:
@@ -158,9 +166,11 @@ def _Measure(args: argparse.Namespace) -> None:
     fn = _StepFn(_Build(args.model, pred['bounds'], m, devices))
     stack_lib.Prepare(fn, inputs, args.warmup)
     fns[label] = fn
-    out[label] = {'times': [], 'step_bytes': _StepMemory(fn, inputs,
-                                                         pids[:k])}
-  for label in stack_lib.Rotations(list(fns), args.rounds):
+    out[label] = {'times': []}
+    if args.part == 'memory':
+      out[label]['step_bytes'] = _StepMemory(fn, inputs, pids[:k])
+  rounds = args.rounds if args.part == 'time' else 0
+  for label in stack_lib.Rotations(list(fns), rounds):
     start = time.perf_counter()
     fns[label](inputs)[0].numpy()
     out[label]['times'].append(time.perf_counter() - start)
@@ -171,7 +181,8 @@ def _Measure(args: argparse.Namespace) -> None:
 
 
 def _Child(args: argparse.Namespace, part: str, extra: List[str],
-           pin: bool = False) -> Dict[str, Any]:
+           pin: bool = False,
+           env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
   command = [sys.executable, os.path.abspath(__file__), f'--part={part}',
              f'--model={args.model}', f'--ks={args.ks}', f'--ms={args.ms}',
              f'--rounds={args.rounds}', f'--warmup={args.warmup}',
@@ -179,10 +190,30 @@ def _Child(args: argparse.Namespace, part: str, extra: List[str],
   if pin:
     command = ['taskset', '-c', '0'] + command
   child = subprocess.run(command, capture_output=True, text=True,
-                         timeout=args.timeout, env=dict(os.environ, **ENV))
+                         timeout=args.timeout,
+                         env=dict(os.environ, **(env or {})))
   if child.returncode:
     raise SystemExit(f'{part} failed:\n{child.stderr[-3000:]}')
   return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def _MeasureOnWorkers(args: argparse.Namespace, part: str,
+                      pred: Dict[str, Any],
+                      env: Dict[str, str]) -> Dict[str, Any]:
+  """The `part` ('memory' or 'time') of every configuration, on two
+  fresh pinned workers that (like the client) run with `env`."""
+  saved = dict(os.environ)
+  os.environ.update(env)  # the workers inherit it
+  try:
+    with tempfile.TemporaryDirectory(prefix='planner_') as logs:
+      with local_workers.LocalWorkers(2, logs, cores=[0, 1]) as workers:
+        return _Child(args, part, [
+            f'--cluster_spec={workers.spec}',
+            '--pids=' + ','.join(map(str, workers.pids)),
+            f'--predicted={json.dumps(pred)}'], env=env)
+  finally:
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def _WaitIdle() -> None:
@@ -241,7 +272,8 @@ def main() -> None:
   if args.part:
     args.ks = [int(k) for k in args.ks.split(',')]
     args.ms = [int(m) for m in args.ms.split(',')]
-    {'predict': _Predict, 'measure': _Measure}[args.part](args)
+    {'predict': _Predict, 'memory': _Measure, 'time': _Measure}[
+        args.part](args)
     return
   if args.wait_idle:
     _WaitIdle()
@@ -252,12 +284,12 @@ def main() -> None:
   for model in args.models.split(','):
     args.model = model
     pred = _Child(args, 'predict', [], pin=True)
-    with tempfile.TemporaryDirectory(prefix='planner_') as logs:
-      with local_workers.LocalWorkers(2, logs, cores=[0, 1]) as workers:
-        meas = _Child(args, 'measure', [
-            f'--cluster_spec={workers.spec}',
-            '--pids=' + ','.join(map(str, workers.pids)),
-            f'--predicted={json.dumps(pred)}'])
+    meas = {}
+    for part, env in (('memory', MEMORY_ENV), ('time', {})):
+      meas[part] = _MeasureOnWorkers(args, part, pred, env)
+    meas = {label: {'times': meas['time'][label]['times'],
+                    'step_bytes': meas['memory'][label]['step_bytes']}
+            for label in pred}
     results[model] = {'predicted': pred, 'measured': meas}
     print('\n' + _Table(model, pred, meas), flush=True)
   if args.json_out:
