@@ -103,7 +103,6 @@ def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int) -> None:
   status 128 + signal, as if it had not been caught). A server blocked in
   `join()` would never see Ctrl-C and would leave its note behind.
   """
-  StartServer(spec, job, task_index)
   note = _NotePath(spec.task_address(job, task_index))
 
   def Stop(signum, unused_frame):
@@ -114,8 +113,11 @@ def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int) -> None:
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
+  # Before StartServer writes the note: a signal between the two left the
+  # note behind (Python's own SIGINT handler knows nothing of it).
   for signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(signum, Stop)
+  StartServer(spec, job, task_index)
   while True:
     time.sleep(3600)
 
