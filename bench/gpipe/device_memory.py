@@ -66,13 +66,9 @@ def Measure(stack: stack_lib.Stack, setup: stack_lib.Setup,
     inputs = stack_lib.Inputs(stack)
     step = stack_lib.StepFunction(layer, setup, devices[0])
     step(inputs)[0].numpy()  # traces, optimises, runs once
-    pids = [server.pid for server in servers]
-    base = [proc.StatusKiB('VmRSS', pid) for pid in pids]
-    for pid in pids:
-      proc.ResetPeak(pid)
-    for _ in range(steps):
-      step(inputs)[0].numpy()
-    peak = [proc.StatusKiB('VmHWM', pid) for pid in pids]
+    base, peak = proc.PeakDuring(
+        [server.pid for server in servers],
+        lambda: [step(inputs)[0].numpy() for _ in range(steps)])
   finally:
     for server in servers:
       server.kill()

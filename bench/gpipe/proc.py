@@ -7,7 +7,7 @@ server subprocess.
 """
 
 import socket
-from typing import Union
+from typing import Callable, List, Sequence, Tuple, Union
 
 Pid = Union[int, str]
 
@@ -25,6 +25,20 @@ def ResetPeak(pid: Pid = 'self') -> None:
   """Sets the high-water mark (VmHWM, ru_maxrss) to the current RSS."""
   with open(f'/proc/{pid}/clear_refs', 'w') as f:
     f.write('5')
+
+
+def PeakDuring(pids: Sequence[Pid],
+               run: Callable[[], object]) -> Tuple[List[int], List[int]]:
+  """(RSS before, high-water mark during `run()`) of each pid, in KiB.
+
+  Each mark is reset to the current RSS just before `run()`, so the peak
+  is the run's own.
+  """
+  before = [StatusKiB('VmRSS', pid) for pid in pids]
+  for pid in pids:
+    ResetPeak(pid)
+  run()
+  return before, [StatusKiB('VmHWM', pid) for pid in pids]
 
 
 def FreePort() -> int:

@@ -159,12 +159,11 @@ def _Probe(args: argparse.Namespace) -> dict:
           return tf.identity(loss)
 
     step = tf.function(Step, autograph=False)
-    loss = float(step(inputs))  # traces, optimises, runs once
-    base = [proc.StatusKiB('VmRSS', pid) for pid in pids]
-    for pid in pids:
-      proc.ResetPeak(pid)
-    loss = float(step(inputs))
-    peak = [proc.StatusKiB('VmHWM', pid) for pid in pids]
+    step(inputs).numpy()  # traces, optimises, runs once
+    losses = []
+    base, peak = proc.PeakDuring(
+        pids, lambda: losses.append(float(step(inputs))))
+    loss = losses[0]
     if not math.isfinite(loss):
       raise SystemExit(f'probe {args.model} size {args.size}: loss {loss}')
     params, exact = [0] * k, [0] * k

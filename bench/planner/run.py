@@ -144,12 +144,8 @@ def _StepMemory(fn: Any, inputs: Any, pids: List[int]) -> List[int]:
   import proc  # pylint: disable=g-import-not-at-top
   readings = []
   for _ in range(3):
-    base = [proc.StatusKiB('VmRSS', pid) for pid in pids]
-    for pid in pids:
-      proc.ResetPeak(pid)
-    fn(inputs)[0].numpy()
-    readings.append([(proc.StatusKiB('VmHWM', pid) - b) * 1024
-                     for pid, b in zip(pids, base)])
+    base, peak = proc.PeakDuring(pids, lambda: fn(inputs)[0].numpy())
+    readings.append([(p - b) * 1024 for p, b in zip(peak, base)])
   return [statistics.median(r) for r in zip(*readings)]
 
 
@@ -202,18 +198,13 @@ def _MeasureOnWorkers(args: argparse.Namespace, part: str,
                       env: Dict[str, str]) -> Dict[str, Any]:
   """The `part` ('memory' or 'time') of every configuration, on two
   fresh pinned workers that (like the client) run with `env`."""
-  saved = dict(os.environ)
-  os.environ.update(env)  # the workers inherit it
-  try:
-    with tempfile.TemporaryDirectory(prefix='planner_') as logs:
-      with local_workers.LocalWorkers(2, logs, cores=[0, 1]) as workers:
-        return _Child(args, part, [
-            f'--cluster_spec={workers.spec}',
-            '--pids=' + ','.join(map(str, workers.pids)),
-            f'--predicted={json.dumps(pred)}'], env=env)
-  finally:
-    os.environ.clear()
-    os.environ.update(saved)
+  with tempfile.TemporaryDirectory(prefix='planner_') as logs:
+    with local_workers.LocalWorkers(2, logs, cores=[0, 1],
+                                    env=env) as workers:
+      return _Child(args, part, [
+          f'--cluster_spec={workers.spec}',
+          '--pids=' + ','.join(map(str, workers.pids)),
+          f'--predicted={json.dumps(pred)}'], env=env)
 
 
 def _WaitIdle() -> None:

@@ -51,7 +51,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from absl import logging
 
@@ -81,11 +81,14 @@ class LocalWorkers:
     cores: task i runs on cores[i % len(cores)]; default: every core this
       process may use, in order.
     start_timeout: seconds for all servers to take connections.
+    env: variables to set in the servers' environment, on top of this
+      process's (e.g. allocator settings for a memory benchmark).
   """
 
   def __init__(self, num_tasks: int, log_dir: str,
                cores: Optional[List[int]] = None,
-               start_timeout: float = 120.0):
+               start_timeout: float = 120.0,
+               env: Optional[Dict[str, str]] = None):
     if num_tasks < 1:
       raise ValueError(f'LocalWorkers needs num_tasks >= 1, got {num_tasks}.')
     if start_timeout <= 0:
@@ -102,6 +105,7 @@ class LocalWorkers:
     self._log_dir = os.path.abspath(log_dir)
     self._cores = list(cores) if cores is not None else allowed
     self._timeout = start_timeout
+    self._env = dict(env or {})
     self._ports: List[int] = []
     self._procs: List[subprocess.Popen] = []
     self._running = False
@@ -214,7 +218,7 @@ class LocalWorkers:
     path = [_REPO] + [p for p in os.environ.get('PYTHONPATH', '').split(
         os.pathsep) if p]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
-               PYTHONPATH=os.pathsep.join(path))
+               PYTHONPATH=os.pathsep.join(path), **self._env)
     with open(self.log_paths[task], log_mode, encoding='utf-8') as log:
       return subprocess.Popen(
           command, env=env, cwd=_REPO, stdin=subprocess.DEVNULL, stdout=log,

@@ -365,6 +365,15 @@ class LocalWorkersTest(parameterized.TestCase):
     self.assertEqual([_Status(pid, 'Cpus_allowed_list')
                       for pid in workers.pids], [mine] * 2)
 
+  def testServersGetTheGivenEnvironment(self):
+    workers = self._Workers(_FakeWorkers, ['serve'], self._log_dir,
+                            env={'LP_WORKER_TEST': 'given'})
+    workers.Start()
+    with open(f'/proc/{workers.pids[0]}/environ', 'rb') as f:
+      environ = f.read().split(b'\0')
+    self.assertIn(b'LP_WORKER_TEST=given', environ)
+    self.assertNotIn('LP_WORKER_TEST', os.environ)
+
   def testChecksItsArguments(self):
     with self.assertRaisesRegex(ValueError, 'num_tasks >= 1, got 0'):
       local_workers.LocalWorkers(0, self._log_dir)
