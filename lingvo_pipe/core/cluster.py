@@ -47,6 +47,7 @@ import tensorflow as tf
 
 from lingvo_pipe.core import base_model
 from lingvo_pipe.core import devices
+from lingvo_pipe.core import local_workers
 from lingvo_pipe.core import pipeline_run
 
 # What TensorFlow reads for its default inter-op thread count.
@@ -102,14 +103,18 @@ def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int) -> None:
   On either signal it deletes its note and ends by that signal (exit
   status 128 + signal, as if it had not been caught). A server blocked in
   `join()` would never see Ctrl-C and would leave its note behind.
+
+  On SIGUSR1 it writes its devices' allocator statistics to
+  `local_workers.MemoryReportPath(address)` and starts a new peak
+  (`_WriteMemoryReport`; `LocalWorkers.ReadMemory` reads them).
   """
-  note = _NotePath(spec.task_address(job, task_index))
+  address = spec.task_address(job, task_index)
+  note = _NotePath(address)
+  report = local_workers.MemoryReportPath(address)
 
   def Stop(signum, unused_frame):
-    try:
-      os.remove(note)
-    except OSError:
-      pass
+    _Remove(note)
+    _Remove(report)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -117,9 +122,53 @@ def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int) -> None:
   # note behind (Python's own SIGINT handler knows nothing of it).
   for signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(signum, Stop)
+  reports = [0]
+  _Remove(report)  # a killed server's, on this port: its count is not ours
+
+  def Report(unused_signum, unused_frame):
+    reports[0] += 1
+    _WriteMemoryReport(report, reports[0])
+
+  signal.signal(signal.SIGUSR1, Report)
   StartServer(spec, job, task_index)
+  # Short sleeps: the kernel may hand a signal to any of TF's threads, and
+  # then Python runs the handler only when the main thread next wakes (seen:
+  # SIGUSR1 unanswered for the whole of a one-hour sleep, 1 in 6 times).
   while True:
-    time.sleep(3600)
+    time.sleep(0.2)
+
+
+def _Remove(path: str) -> None:
+  try:
+    os.remove(path)
+  except OSError:
+    pass
+
+
+def _WriteMemoryReport(path: str, seq: int) -> None:
+  """Writes {'seq': seq, 'devices': {name: {'current', 'peak'} or
+  {'error'}}} for CPU:0 and each GPU, then resets each peak to the current
+  bytes, so that the next report's peak is the one since this report.
+
+  These are the bytes TensorFlow's allocator holds for tensors (what
+  `tf.config.experimental.get_memory_info` reports): a GPU's always; the
+  CPU's only when the server runs with TF_CPU_ALLOCATOR_USE_BFC=true
+  (otherwise the entry says so). The file is replaced atomically.
+  """
+  names = ['CPU:0'] + [f'GPU:{i}' for i in range(
+      len(tf.config.list_physical_devices('GPU')))]
+  report = {'seq': seq, 'devices': {}}
+  for name in names:
+    try:
+      info = tf.config.experimental.get_memory_info(name)
+      tf.config.experimental.reset_memory_stats(name)
+    except (ValueError, RuntimeError) as e:
+      info = {'error': f'{e}'.strip().splitlines()[0]}
+    report['devices'][name] = info
+  tmp = f'{path}.{os.getpid()}.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    json.dump(report, f)
+  os.replace(tmp, path)
 
 
 def _NotePath(address: str) -> str:

@@ -6,6 +6,7 @@ The client checks that each partition's variables live on its worker task
 and that every gradient equals the local unpipelined reference.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -121,6 +122,33 @@ for _ in range(3):
     break
 """
 
+# The client owns one worker whose CPU allocator keeps statistics; prints
+# what LocalWorkers.ReadMemory reports around a kept 4 MiB variable and a
+# step with 16 MiB temporaries, both on the worker.
+_MEMORY_CLIENT = """
+import json, sys
+import tensorflow as tf
+from lingvo_pipe.core import cluster, local_workers
+with local_workers.LocalWorkers(
+    1, sys.argv[1], env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'}) as workers:
+  names = cluster.Connect(cluster.ParseClusterSpec(workers.spec))
+  reads = {'start': workers.ReadMemory()[0]['CPU:0']}
+  with tf.device(names[0]):
+    v = tf.Variable(tf.zeros([2**20]))
+  reads['variable'] = workers.ReadMemory()[0]['CPU:0']
+  @tf.function(autograph=False)
+  def Step():
+    with tf.device(names[0]):
+      x = tf.random.stateless_normal([2**22], [1, 2]) + v[0]
+      return tf.reduce_sum(x * x)
+  Step().numpy()
+  reads['warm'] = workers.ReadMemory()[0]['CPU:0']
+  Step().numpy()
+  reads['step'] = workers.ReadMemory()[0]['CPU:0']
+  reads['idle'] = workers.ReadMemory()[0]['CPU:0']
+  print(json.dumps(reads), flush=True)
+"""
+
 
 class ClusterTest(absltest.TestCase):
 
@@ -179,6 +207,31 @@ class ClusterTest(absltest.TestCase):
     out = self._Client(_CLIENT, spec)
     self.assertIn("'/job:worker/replica:0/task:1/device:CPU:0'", out)
     self.assertTrue(out.strip().endswith('ok'), out)
+
+  def testReadMemoryReportsTheWorkersAllocator(self):
+    """Bytes held on the worker, not in the client: a variable stays in
+    `current`, a step's temporaries show in its `peak` only, and each read
+    starts a new peak."""
+    out = self._Client(_MEMORY_CLIENT, self.create_tempdir().full_path)
+    reads = json.loads(out.strip().splitlines()[-1])
+    mib = 2**20
+    self.assertGreaterEqual(
+        reads['variable']['current'] - reads['start']['current'], 4 * mib)
+    step = reads['step']
+    # x and x * x are 16 MiB each; at least one is alive at the peak.
+    self.assertGreaterEqual(step['peak'] - reads['warm']['current'], 16 * mib)
+    self.assertLess(step['current'] - reads['warm']['current'], mib)
+    # No step since the last read: its peak is gone (a few small tensors
+    # of the runtime's own come and go).
+    self.assertLess(reads['idle']['peak'] - reads['idle']['current'], mib)
+
+  def testReadMemoryWithoutStatisticsSaysWhatToSet(self):
+    workers = local_workers.LocalWorkers(1, self.create_tempdir().full_path)
+    self.addCleanup(workers.Stop)
+    workers.Start()
+    with self.assertRaisesRegex(local_workers.WorkersFailed,
+                                "env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'}"):
+      workers.ReadMemory()
 
   def testServerOnOneCoreGetsTwoInterOpThreads(self):
     """Pinned to one core, a server would get one inter-op thread."""
