@@ -147,15 +147,20 @@ class BatchNormLayer(base_layer.BaseLayer):
           'a known rank >= 2 ([batch, ..., dim]).')
     axes = list(range(rank - 1))
     theta = theta.Transform(lambda v: tf.cast(v, inputs.dtype))
+    # `inputs - mean` once: written twice, the gradient keeps both copies
+    # (one for the variance, one for the scale), a second activation-sized
+    # tensor per layer (docs/DESIGN.md, section 20).
     if self.training:
       mean = tf.reduce_mean(inputs, axis=axes)
-      var = tf.reduce_mean(tf.square(inputs - mean), axis=axes)
+      centered = inputs - mean
+      var = tf.reduce_mean(tf.square(centered), axis=axes)
       if self.update_stats:
         self._Accumulate(inputs, axes)
     else:
-      mean, var = theta.moving_mean, theta.moving_variance
+      centered = inputs - theta.moving_mean
+      var = theta.moving_variance
     inv = tf.math.rsqrt(var + p.epsilon) * theta.gamma
-    return (inputs - mean) * inv + theta.beta
+    return centered * inv + theta.beta
 
   def _Accumulate(self, inputs: tf.Tensor, axes: List[int]) -> None:
     acc = self._accumulators
