@@ -43,10 +43,10 @@ from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
-# The memory pass only: RSS then follows the live tensors. Times are taken
-# without it (TF's defaults, as a user runs): page faults on every fresh
-# mapping and Eigen instead of oneDNN change the times, not the graph.
-MEMORY_ENV = {'MALLOC_MMAP_THRESHOLD_': '131072', 'TF_ENABLE_ONEDNN_OPTS': '0'}
+# The memory pass only: TF's CPU allocator then keeps statistics (as a
+# GPU's always does), read from each worker by LocalWorkers' ReadMemory.
+# Times are taken without it (TF's defaults, as a user runs).
+MEMORY_ENV = {'TF_CPU_ALLOCATOR_USE_BFC': 'true'}
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 
 from lingvo_pipe.core import local_workers  # noqa: E402
@@ -86,6 +86,10 @@ def _Inputs(name: str) -> Any:
 
 
 def _Predict(args: argparse.Namespace) -> None:
+  # As `python -m lingvo_pipe.tools.plan` runs (its main()).
+  os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
+  from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
+  cluster.EnsureInterOpThreads()
   from lingvo_pipe.core import devices  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tools import layer_profile  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tools import plan  # pylint: disable=g-import-not-at-top
@@ -137,16 +141,19 @@ def _Build(model: str, bounds: List[int], m: int, devices: List[str]) -> Any:
   return layer
 
 
-def _StepMemory(fn: Any, inputs: Any, pids: List[int]) -> List[int]:
-  """Bytes each worker's RSS peaks above its RSS before a step (median of
-  three steps: one reading varies by several MiB with the threads'
-  interleaving)."""
-  import proc  # pylint: disable=g-import-not-at-top
+def _StepMemory(fn: Any, inputs: Any, pids: List[int],
+                addresses: List[str]) -> List[int]:
+  """Bytes each worker's allocator peaks above what it holds before a step,
+  the most of five steps: the budget must hold for every step, and with
+  two threads the executor's order, and so the peak, varies."""
   readings = []
-  for _ in range(3):
-    base, peak = proc.PeakDuring(pids, lambda: fn(inputs)[0].numpy())
-    readings.append([(p - b) * 1024 for p, b in zip(peak, base)])
-  return [statistics.median(r) for r in zip(*readings)]
+  for _ in range(5):
+    before = local_workers.ReadServerMemory(pids, addresses)
+    fn(inputs)[0].numpy()
+    after = local_workers.ReadServerMemory(pids, addresses)
+    readings.append([a['CPU:0']['peak'] - b['CPU:0']['current']
+                     for a, b in zip(after, before)])
+  return [max(r) for r in zip(*readings)]
 
 
 def _Measure(args: argparse.Namespace) -> None:
@@ -164,7 +171,8 @@ def _Measure(args: argparse.Namespace) -> None:
     fns[label] = fn
     out[label] = {'times': []}
     if args.part == 'memory':
-      out[label]['step_bytes'] = _StepMemory(fn, inputs, pids[:k])
+      out[label]['step_bytes'] = _StepMemory(
+          fn, inputs, pids[:k], args.cluster_spec.split('=')[1].split(',')[:k])
   rounds = args.rounds if args.part == 'time' else 0
   for label in stack_lib.Rotations(list(fns), rounds):
     start = time.perf_counter()
@@ -216,7 +224,8 @@ def _WaitIdle() -> None:
 
 
 def _Error(pred: float, meas: float) -> str:
-  return f'{(pred - meas) / meas:+.0%}'
+  """'+12%'; 'n/a' where nothing was measured (--parts)."""
+  return f'{(pred - meas) / meas:+.0%}' if meas else 'n/a'
 
 
 def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
@@ -248,6 +257,8 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--timing_runs', type=int, default=7)
   parser.add_argument('--timeout', type=float, default=3600)
   parser.add_argument('--json_out', default='')
+  parser.add_argument('--parts', default='memory,time',
+                      help='What to measure: memory, time or both.')
   parser.add_argument('--wait_idle', type=int, default=1,
                       help='0: measure even if bench/memory runs (noisy).')
   parser.add_argument('--part', default='', help=argparse.SUPPRESS)
@@ -277,9 +288,12 @@ def main() -> None:
     pred = _Child(args, 'predict', [], pin=True)
     meas = {}
     for part, env in (('memory', MEMORY_ENV), ('time', {})):
-      meas[part] = _MeasureOnWorkers(args, part, pred, env)
-    meas = {label: {'times': meas['time'][label]['times'],
-                    'step_bytes': meas['memory'][label]['step_bytes']}
+      if part in args.parts.split(','):
+        meas[part] = _MeasureOnWorkers(args, part, pred, env)
+    meas = {label: {
+        'times': meas['time'][label]['times'] if 'time' in meas else [0.0],
+        'step_bytes': (meas['memory'][label]['step_bytes'] if 'memory' in meas
+                       else [0] * len(pred[label]['step_bytes']))}
             for label in pred}
     results[model] = {'predicted': pred, 'measured': meas}
     print('\n' + _Table(model, pred, meas), flush=True)

@@ -18,17 +18,25 @@ measures:
   num_params, param_bytes, slot_bytes  trainable scalars, their bytes,
                 and the optimizer's slots
                 for them (created, then counted)
+  backward_peak_bytes  how far the allocator's peak rises above what it
+                held before, while the layer's forward is re-computed and
+                differentiated for given output gradients (a partition's
+                backward task, one layer of it): its residuals, the
+                gradient's temporaries and its results; the most of three
+                calls. None where TensorFlow keeps no allocator statistics.
 
-Activation memory comes from the traced gradient graph, not from the
-resident set: `residuals.SplitCell` (the pipeline's own kept-activation
-analysis) lists the tensors of the forward that the gradient's ops read,
-and their sizes are exact and the same on every device type, with no
-allocator in the way. The resident set (bench/gpipe/memory.py) would need
-a process per layer and its noise (tens of MiB) exceeds a small layer's
-activations; on a GPU `tf.config.experimental.get_memory_info` would do,
-on a CPU it does not exist. What the graph does not see, the working
-memory of the gradient's own temporaries, the cost model
-(`step_model.py`) adds from these same numbers.
+Residuals come from the traced gradient graph: `residuals.SplitCell`
+(the pipeline's own kept-activation analysis) lists the tensors of the
+forward that the gradient's ops read; their sizes are exact and the same
+on every device type. They are what waits while later layers are
+differentiated. What a layer holds while it is differentiated itself
+(temporaries, and the ops the executor's threads run side by side) the
+graph does not show: that is measured, with
+`tf.config.experimental.get_memory_info`, which a GPU always supports and
+a CPU when TF_CPU_ALLOCATOR_USE_BFC=true is set before TensorFlow makes
+its devices (`python -m lingvo_pipe.tools.plan` does). The resident set
+(bench/gpipe/memory.py) is no substitute: glibc keeps freed small blocks
+resident, so it under-reads small tensors.
 """
 
 from __future__ import annotations
@@ -56,6 +64,9 @@ class LayerProfile:
   num_params: int
   param_bytes: int
   slot_bytes: int
+  # Measured where the allocator keeps statistics (module docstring); None
+  # elsewhere, and the cost model falls back on residual_bytes.
+  backward_peak_bytes: Optional[int] = None
 
 
 # Ops whose output shares its input's buffer: a kept view costs nothing
@@ -69,22 +80,62 @@ def _Bytes(tensors: Any) -> int:
              for t in tf.nest.flatten(tensors))
 
 
-def _GradientFn(layer: Any, args: Tuple[Any, ...]) -> Any:
-  """tf.function: forward, then d(outputs) / d(inputs, variables)."""
+def _GradientFn(layer: Any, args: Tuple[Any, ...], out: Any) -> Any:
+  """(tf.function, its inputs): the forward again, then d(outputs) /
+  d(inputs, variables) for given output gradients, as a partition's
+  backward task does."""
   x_leaves = tf.nest.flatten(args)
+  dy = [tf.ones_like(t) if residuals.IsFloat(t) else None
+        for t in tf.nest.flatten(out)]
+  dy_at = [i for i, d in enumerate(dy) if d is not None]
 
-  def Step(*x):
+  def Step(*inputs):
+    x, dy_given = list(inputs[:len(x_leaves)]), inputs[len(x_leaves):]
     theta = layer.theta.Transform(tf.convert_to_tensor)
     theta_leaves = theta.Flatten()
     tape = tf.GradientTape(watch_accessed_variables=False)
     with tape:
-      tape.watch([t for t in list(x) + theta_leaves if residuals.IsFloat(t)])
+      tape.watch([t for t in x + theta_leaves if residuals.IsFloat(t)])
       y = tf.nest.flatten(layer.FProp(
           theta.Pack(theta_leaves), *tf.nest.pack_sequence_as(args, x)))
-    dy = [tf.ones_like(t) if residuals.IsFloat(t) else None for t in y]
-    return residuals.Gradients(tape, y, dy, list(x), theta_leaves)
+    full_dy = [None] * len(y)
+    for i, d in zip(dy_at, dy_given):
+      full_dy[i] = d
+    return residuals.Gradients(tape, y, full_dy, x, theta_leaves)
 
-  return tf.function(Step, autograph=False), x_leaves
+  return (tf.function(Step, autograph=False),
+          tuple(x_leaves) + tuple(dy[i] for i in dy_at))
+
+
+def AllocatorDevice() -> Optional[str]:
+  """The profiled device ('GPU:0' or 'CPU:0') if TF's allocator keeps
+  statistics for it, else None (a CPU without TF_CPU_ALLOCATOR_USE_BFC)."""
+  name = 'GPU:0' if tf.config.list_logical_devices('GPU') else 'CPU:0'
+  try:
+    tf.config.experimental.get_memory_info(name)
+  except ValueError:
+    return None
+  return name
+
+
+def _BackwardPeak(fn: Any, inputs: Tuple[Any, ...], device: Optional[str],
+                  num_runs: int = 3) -> Optional[int]:
+  """Bytes the allocator's peak rises above what it holds before a call of
+  the (warmed-up) backward function, the most of `num_runs` calls (with
+  two threads the executor's order, and so the peak, varies); None
+  without statistics."""
+  if device is None:
+    return None
+  most = 0
+  for _ in range(num_runs):
+    tf.config.experimental.reset_memory_stats(device)
+    before = tf.config.experimental.get_memory_info(device)['current']
+    result = fn(*inputs)
+    tf.test.experimental.sync_devices()
+    most = max(most,
+               tf.config.experimental.get_memory_info(device)['peak'] - before)
+    del result
+  return most
 
 
 def _KeptBytes(layer: Any, args: Tuple[Any, ...]) -> Tuple[int, int]:
@@ -122,8 +173,9 @@ def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
   fprop = tf.function(lambda *a: layer.FProp(layer.theta, *a),
                       autograph=False)
   forward_s, out = partitioner.MedianSeconds(fprop, args, num_runs)
-  grad_fn, x_leaves = _GradientFn(layer, args)
-  both_s, _ = partitioner.MedianSeconds(grad_fn, tuple(x_leaves), num_runs)
+  grad_fn, grad_inputs = _GradientFn(layer, args, out)
+  both_s, _ = partitioner.MedianSeconds(grad_fn, grad_inputs, num_runs)
+  backward_peak = _BackwardPeak(grad_fn, grad_inputs, AllocatorDevice())
   residual_bytes, read_bytes = _KeptBytes(layer, args)
   variables = [v for v in layer.vars.Flatten() if v.trainable]
   slot_bytes = 0
@@ -138,7 +190,8 @@ def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
       residual_bytes=residual_bytes, input_read_bytes=read_bytes,
       input_bytes=_Bytes(args), output_bytes=_Bytes(out),
       num_params=sum(int(v.shape.num_elements()) for v in variables),
-      param_bytes=sum(_Bytes(v) for v in variables), slot_bytes=slot_bytes)
+      param_bytes=sum(_Bytes(v) for v in variables), slot_bytes=slot_bytes,
+      backward_peak_bytes=backward_peak)
   return profile, out
 
 

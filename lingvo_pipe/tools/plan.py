@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import re
 import sys
 from typing import Dict, List, Optional, Sequence
@@ -36,6 +37,7 @@ from lingvo_pipe.core import quiet
 
 tf = quiet.ImportTensorFlow()
 
+from lingvo_pipe.core import cluster  # noqa: E402
 from lingvo_pipe.core import devices as devices_lib  # noqa: E402
 from lingvo_pipe.core import partitioner  # noqa: E402
 from lingvo_pipe.core import schedule  # noqa: E402
@@ -177,6 +179,11 @@ class PlanResult:
           f'  {i:<4}  {fwd:7.2f} ms {bwd:7.2f} ms '
           f'{Bytes(part.peak_bytes):>10} = {Bytes(part.resident_bytes)} '
           f'+ {Bytes(part.gradient_bytes)} + {Bytes(part.kept_bytes)}')
+    if any(p.backward_peak_bytes is None for p in self.profiles):
+      lines.append(
+          '  (activations from the traced gradient only: TensorFlow kept no '
+          'allocator statistics here, so temporaries are not counted; '
+          'python -m lingvo_pipe.tools.plan measures them)')
     lines.append(str(self.Report()))
     return '\n'.join(lines)
 
@@ -347,6 +354,13 @@ def Main(argv: Sequence[str]) -> str:
 
 
 def main() -> None:
+  # Before TensorFlow makes its devices: the CPU allocator then keeps
+  # statistics (layer_profile measures each layer's backward with them),
+  # and a process on one core runs two inter-op threads, as a worker
+  # server does (cluster.EnsureInterOpThreads); both change the memory a
+  # backward holds (docs/DESIGN.md section 20).
+  os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
+  cluster.EnsureInterOpThreads()
   try:
     print(Main(sys.argv[1:]), flush=True)
   except (ValueError, LookupError) as err:

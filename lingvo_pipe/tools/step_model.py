@@ -24,19 +24,31 @@ plus `overhead_s` per task (the runtime's cost of one partition function
 call). Memory of partition k, for one step, in bytes:
 
   resident   params P_k + optimizer slots S_k
-  gradients  P_k: the running sum (one micro-batch's gradient grows as
-             its re-computed activations are freed)
+  gradients  P_k with M > 1: the running sum of the micro-batches'
+             gradients (with M = 1 they are in W_k)
   kept       M x in_k: each micro-batch's input, held until its backward
-             + M x R_k if it keeps activations, else R_k while one
-             micro-batch is re-computed and differentiated
+             + W_k while one micro-batch is re-computed and differentiated
+               (+ (M - 1) x R_k if it keeps activations), or P_k while a
+               micro-batch's gradients are added to the sum, the larger
   last       the last partition also holds the whole batch's output and
              its gradient: 2 M x out
   peak       resident + gradients + kept (+ last); the step memory
-             (what a step adds over the memory between steps) is kept
+             (what a step adds over the memory between steps) is
+             gradients + kept
 
 R_k is what the partition's gradient reads from its forward: its layers'
 residual_bytes, plus the inputs of its inner layers that their gradients
 read (input_read_bytes; the partition's own input is already in M x in_k).
+W_k is the most its backward holds at once: while layer j is
+differentiated, the residuals of layers 0..j-1 wait, the gradients of
+layers after j are done, and layer j holds its own working set, its
+measured backward_peak_bytes (its residuals, the gradient's temporaries
+and results; residual_bytes + its parameters' bytes where the allocator
+keeps no statistics), and its output gradient:
+  W_k = max_j  sum_{i<j} (R_i + read_i) + read_j + backward_peak_j
+               + out_j + sum_{i>j} P_i
+Temporaries and the executor's concurrency are in the measured working
+set; the static residuals alone missed both (docs/DESIGN.md section 20).
 """
 
 from __future__ import annotations
@@ -65,8 +77,9 @@ class PartitionPrediction:
 
   @property
   def step_bytes(self) -> int:
-    """What a step adds on top of the resident model: the activations."""
-    return self.kept_bytes
+    """What a step adds on top of the resident model: gradients and the
+    kept activations."""
+    return self.gradient_bytes + self.kept_bytes
 
 
 def KeepsActivations(recompute: str, k: int, num_partitions: int) -> bool:
@@ -81,21 +94,40 @@ def PartitionResidualBytes(profiles: Sequence[Profile]) -> int:
           sum(p.input_read_bytes for p in profiles[1:]))
 
 
+def BackwardWorkingBytes(part: Sequence[Profile], is_last: bool) -> int:
+  """W: the most one micro-batch's backward holds (module docstring)."""
+  earlier, later_params, most = 0, sum(p.param_bytes for p in part), 0
+  for j, p in enumerate(part):
+    read = p.input_read_bytes if j else 0
+    work = (p.backward_peak_bytes if p.backward_peak_bytes is not None
+            else p.residual_bytes + p.param_bytes)
+    later_params -= p.param_bytes
+    # Its output gradient: the next layer's d input, or received; the last
+    # partition's are counted with its outputs.
+    dy = 0 if is_last and j == len(part) - 1 else p.output_bytes
+    most = max(most, earlier + read + work + dy + later_params)
+    earlier += p.residual_bytes + read
+  return most
+
+
 def PredictPartition(part: Sequence[Profile], num_micro_batches: int,
                      keeps: bool, is_last: bool) -> PartitionPrediction:
   """One partition of layers `part` (module docstring)."""
   m = num_micro_batches
   fwd = sum(p.forward_s for p in part)
-  residual = PartitionResidualBytes(part)
-  kept = m * part[0].input_bytes + (m * residual if keeps else residual)
+  params = sum(p.param_bytes for p in part)
+  working = BackwardWorkingBytes(part, is_last)
+  if keeps:
+    working += (m - 1) * PartitionResidualBytes(part)
+  # Adding a micro-batch's gradients to the running sum: both alive.
+  kept = m * part[0].input_bytes + max(working, params if m > 1 else 0)
   if is_last:
     kept += 2 * m * part[-1].output_bytes
-  params = sum(p.param_bytes for p in part)
   return PartitionPrediction(
       forward_s=fwd,
       backward_s=sum(p.backward_s for p in part) + (0.0 if keeps else fwd),
       resident_bytes=params + sum(p.slot_bytes for p in part),
-      gradient_bytes=params, kept_bytes=kept)
+      gradient_bytes=params if m > 1 else 0, kept_bytes=kept)
 
 
 def Predict(profiles: Sequence[Profile], bounds: Sequence[int],

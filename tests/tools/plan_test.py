@@ -5,8 +5,12 @@ The split is checked against a brute-force enumeration of every contiguous
 split; the step time against hand-computed GPipe schedules.
 """
 
+import dataclasses
 import itertools
+import os
 import random
+import subprocess
+import sys
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -76,13 +80,41 @@ class SplitTest(parameterized.TestCase):
     profiles = [_Profile(0, 1 / 8, 1 / 8, 1, 0, residual=40)] + [
         _Profile(i, 1 / 8, 1 / 8, 1, 0, residual=1) for i in (1, 2, 3)]
     self.assertEqual(plan.Split(profiles, 2, 1), [0, 2, 4])
-    # Peaks, M=1 'always' (no parameters): input + residuals + inner
-    # inputs read, + 2 x output on the last partition.
-    #   [0, 2): 1 + (40 + 1) + 1 = 43 MiB    [0, 1): 1 + 40 = 41 MiB
-    #   [2, 4): 1 + (1 + 1) + 1 + 2 = 6      [1, 4): 1 + 3 + 2 + 2 = 8
-    self.assertEqual(plan.Split(profiles, 2, 1, budget=43 * MIB), [0, 2, 4])
-    self.assertEqual(plan.Split(profiles, 2, 1, budget=42 * MIB), [0, 1, 4])
-    self.assertEqual(plan.LeastPeak(profiles, 2, 1), 41 * MIB)
+    # Peaks, M=1 'always', no parameters, no measured working sets: input
+    # + W (step_model), + 2 x output on the last partition. W: the most,
+    # over its layers j, of the earlier layers' residuals and inner inputs
+    # read + j's input read + j's residuals + j's output gradient (none
+    # for the last layer of the last partition).
+    #   [0, 2): 1 + max(40 + 1, 40 + 1 + 1 + 1) = 44 MiB
+    #   [0, 1): 1 + (40 + 1) = 42
+    #   [2, 4): 1 + max(1 + 1, 1 + 1 + 1) + 2 = 6
+    #   [1, 4): 1 + max(2, 1 + 1 + 1 + 1, 3 + 1 + 1) + 2 = 8
+    self.assertEqual(plan.Split(profiles, 2, 1, budget=44 * MIB), [0, 2, 4])
+    self.assertEqual(plan.Split(profiles, 2, 1, budget=43 * MIB), [0, 1, 4])
+    self.assertEqual(plan.LeastPeak(profiles, 2, 1), 42 * MIB)
+
+  def testMeasuredWorkingSetsAndGradients(self):
+    # Two layers, 1 MiB in and out, residuals 3 and 5 MiB, parameters 2 and
+    # 4 MiB; measured backward peaks 10 and 12 MiB.
+    part = [dataclasses.replace(_Profile(0, 1, 1, 1, 2, residual=3),
+                                backward_peak_bytes=10 * MIB),
+            dataclasses.replace(_Profile(1, 1, 1, 1, 4, residual=5),
+                                backward_peak_bytes=12 * MIB)]
+    # Not last. Layer 0: its 10 + its output gradient 1 + layer 1's
+    # finished gradients 4 = 15; layer 1: layer 0's residuals 3 + its input
+    # read 1 + its 12 + its output gradient 1 = 17.
+    self.assertEqual(step_model.BackwardWorkingBytes(part, False), 17 * MIB)
+    # Last: layer 1's output gradient is counted with the outputs: 16 > 15.
+    self.assertEqual(step_model.BackwardWorkingBytes(part, True), 16 * MIB)
+    one = step_model.PredictPartition(part, 1, keeps=False, is_last=False)
+    self.assertEqual((one.gradient_bytes, one.kept_bytes),
+                     (0, (1 + 17) * MIB))
+    # M=4: the running sum of the gradients (6 MiB) besides, 4 inputs.
+    four = step_model.PredictPartition(part, 4, keeps=False, is_last=False)
+    self.assertEqual((four.gradient_bytes, four.kept_bytes),
+                     (6 * MIB, (4 + 17) * MIB))
+    self.assertEqual(four.step_bytes, (6 + 4 + 17) * MIB)
+    self.assertEqual(four.peak_bytes, (6 + 12 + 6 + 4 + 17) * MIB)
 
 
 class StepTimeTest(absltest.TestCase):
@@ -217,6 +249,24 @@ class CommandLineTest(absltest.TestCase):
     self.assertLen(rows, 4)  # the predictions and the balance report
     self.assertEqual(rows[2][1], names[0])
     self.assertEqual(rows[3][3], names[-1])
+    if os.environ.get('TF_CPU_ALLOCATOR_USE_BFC') != 'true':
+      # This process's CPU allocator keeps no statistics: the report says
+      # what its memory figures lack.
+      self.assertIn('traced gradient only', report)
+
+  def testTheCommandMeasuresWorkingSets(self):
+    """`python -m lingvo_pipe.tools.plan` turns the allocator's statistics
+    on before TensorFlow starts, so every layer's backward is measured."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    env.pop('TF_CPU_ALLOCATOR_USE_BFC', None)
+    out = subprocess.run(
+        [sys.executable, '-m', 'lingvo_pipe.tools.plan',
+         '--model=image.synthetic.ResNetTinyGPipe', '--num_partitions=2',
+         '--num_micro_batches=4', '--num_timing_runs=1'],
+        env=env, capture_output=True, text=True, timeout=300)
+    self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+    self.assertIn('Predicted step:', out.stdout)
+    self.assertNotIn('traced gradient only', out.stdout)
 
 
 if __name__ == '__main__':
