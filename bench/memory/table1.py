@@ -18,29 +18,36 @@ amoebanet grows the filters D of lingvo_pipe.tasks.image.amoebanet's
 AmoebaNet-D (6, D) on 16x16 images, batch 32 (partitioned by flops).
 
 A device is a `tf.distribute.Server` process on 127.0.0.1 (`LocalWorkers`,
-one per partition; naive and pipeline-1 use one), so each partition's
-memory is a process's own resident memory, which a CPU runtime reports no
-other way (TF's per-device memory stats are GPU-only). The servers run
-with glibc's mmap threshold at 128 KiB and oneDNN off, as bench/gpipe's
-memory.py explains: resident memory then follows the live tensors. One
-client process per probe builds and runs the model; per server it reads:
+one per partition; naive and pipeline-1 use one). Its memory is what
+TensorFlow's allocator holds for tensors there, as a GPU's memory would
+be counted: the servers run with TF_CPU_ALLOCATOR_USE_BFC=true, so the CPU
+allocator keeps statistics, and `LocalWorkers.ReadMemory` reads them (the
+server reports on SIGUSR1). One client process per probe builds and runs
+the model; per server it reads:
 
-  param      RSS after the client created the variables and Adam's slots,
-             minus RSS before (measured); beside it the exact bytes of
-             those variables
-  activation peak RSS during the second step (high-water mark reset
-             after the first, which traces, optimises and runs once) minus
-             RSS before it: activations kept for the backward, the
-             re-computation's working set, gradients and temporaries
-  runtime    RSS after the first step minus RSS after building: the
-             optimised graphs and their kernels, kept between steps. Not
-             counted: on an accelerator they live in host memory, and here
-             they do not grow with the model's width (AmoebaNet-D (6, D),
-             pipeline-1 M=8: 171, 161, 179 MiB for D = 16, 32, 64), so they
-             hold no tensors. A pipeline keeps more of it than the plain
-             model (three functions per partition): 161 against 62 MiB at
-             D=32, 55 against 25 MiB for 8 Transformer layers.
+  param      allocator bytes after the client created the variables and
+             Adam's slots, minus before (measured); beside it the exact
+             bytes of those variables
+  activation the allocator's peak during the second step (the first
+             traces, optimises and runs once) minus its bytes before it:
+             activations kept for the backward, the re-computation's
+             working set, gradients and temporaries
+  runtime    resident memory (RSS) after the first step minus after
+             building: the optimised graphs and their kernels, kept
+             between steps. Not counted: on an accelerator they live in
+             host memory, and they do not grow with the model's width
+             (AmoebaNet-D (6, D), pipeline-1 M=8: 171, 161, 179 MiB for
+             D = 16, 32, 64), so they hold no tensors. A pipeline keeps
+             more of it than the plain model (three functions per
+             partition): 161 against 62 MiB at D=32, 55 against 25 MiB
+             for 8 Transformer layers.
   device     param + activation: what an accelerator's memory would hold.
+
+The first version read activations from RSS with glibc's mmap threshold
+lowered; that under-reads small tensors (glibc keeps freed small blocks
+resident, and the next step reuses them without RSS rising:
+docs/DESIGN.md section 20), which flattered the pipelines' small
+micro-batches.
 
 A model fits when every device's `device` is within --budget_mib. The
 search: the smallest size must fit; then sizes grow (doubling, later
@@ -134,20 +141,26 @@ def _Probe(args: argparse.Namespace) -> dict:
   import proc  # pylint: disable=g-import-not-at-top  (bench/gpipe)
   k = max(args.k, 1)
   with tempfile.TemporaryDirectory(prefix='table1_') as logs, \
-      local_workers.LocalWorkers(k, logs) as workers:
+      local_workers.LocalWorkers(
+          k, logs, env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'}) as workers:
     from lingvo_pipe.core import quiet  # pylint: disable=g-import-not-at-top
     tf = quiet.ImportTensorFlow()
     from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
     from lingvo_pipe.core import optimizer  # pylint: disable=g-import-not-at-top
     devices = cluster.Connect(cluster.ParseClusterSpec(workers.spec))
     pids = workers.pids
-    idle = [proc.StatusKiB('VmRSS', pid) for pid in pids]
+
+    def Held() -> List[int]:
+      return [r['CPU:0']['current'] for r in workers.ReadMemory()]
+
+    idle = Held()
     layer, inputs, forward = _Build(args.model, args.size, args.k, args.m,
                                     devices)
     variables = layer.vars.Flatten()
     adam = optimizer.Adam.Params().Set(name='adam').Instantiate()
     adam.CreateSlots(variables)
-    built = [proc.StatusKiB('VmRSS', pid) for pid in pids]
+    built = Held()
+    built_rss = [proc.StatusKiB('VmRSS', pid) for pid in pids]
     scope = devices[0] if args.k == 0 else None
 
     def Step(x):
@@ -160,10 +173,10 @@ def _Probe(args: argparse.Namespace) -> dict:
 
     step = tf.function(Step, autograph=False)
     step(inputs).numpy()  # traces, optimises, runs once
-    losses = []
-    base, peak = proc.PeakDuring(
-        pids, lambda: losses.append(float(step(inputs))))
-    loss = losses[0]
+    warm_rss = [proc.StatusKiB('VmRSS', pid) for pid in pids]
+    base = Held()  # and each peak starts again
+    loss = float(step(inputs))
+    peak = [r['CPU:0']['peak'] for r in workers.ReadMemory()]
     if not math.isfinite(loss):
       raise SystemExit(f'probe {args.model} size {args.size}: loss {loss}')
     params, exact = [0] * k, [0] * k
@@ -178,11 +191,11 @@ def _Probe(args: argparse.Namespace) -> dict:
       exact[task] += size * var.dtype.size
       if id(var) in trainable:
         params[task] += size
-  mib = lambda kib: kib / 1024  # noqa: E731
-  return {'params': params, 'exact_param_mib': [e / 2**20 for e in exact],
+  mib = lambda n: n / 2**20  # noqa: E731
+  return {'params': params, 'exact_param_mib': [mib(e) for e in exact],
           'param_mib': [mib(b - i) for b, i in zip(built, idle)],
           'activation_mib': [mib(p - b) for p, b in zip(peak, base)],
-          'runtime_mib': [mib(b - u) for b, u in zip(base, built)],
+          'runtime_mib': [(w - b) / 1024 for w, b in zip(warm_rss, built_rss)],
           'loss': loss}
 
 
@@ -191,8 +204,7 @@ def _RunProbe(model: str, size: int, k: int, m: int,
   """One probe in a fresh client process; k == 0 is naive."""
   command = [sys.executable, os.path.abspath(__file__), '--probe',
              f'--model={model}', f'--size={size}', f'--k={k}', f'--m={m}']
-  env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072',
-             TF_ENABLE_ONEDNN_OPTS='0', TF_CPP_MIN_LOG_LEVEL='2')
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   child = subprocess.run(command, capture_output=True, text=True,
                          timeout=timeout, env=env)
   if child.returncode:
