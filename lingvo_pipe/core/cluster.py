@@ -127,7 +127,13 @@ def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int) -> None:
 
   def Report(unused_signum, unused_frame):
     reports[0] += 1
-    _WriteMemoryReport(report, reports[0])
+    try:
+      _WriteMemoryReport(report, reports[0])
+    except Exception as e:  # pylint: disable=broad-except
+      # Raised here it would end the server; the reader times out instead
+      # and names this log.
+      print(f'memory report {report} not written: {e}', file=sys.stderr,
+            flush=True)
 
   signal.signal(signal.SIGUSR1, Report)
   StartServer(spec, job, task_index)

@@ -233,6 +233,22 @@ class ClusterTest(absltest.TestCase):
                                 "env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'}"):
       workers.ReadMemory()
 
+  def testAReportThatCannotBeWrittenLeavesTheServerRunning(self):
+    workers = local_workers.LocalWorkers(
+        1, self.create_tempdir().full_path,
+        env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'})
+    self.addCleanup(workers.Stop)
+    workers.Start()
+    path = local_workers.MemoryReportPath(workers.addresses[0])
+    os.mkdir(path)  # the report cannot replace a directory
+    self.addCleanup(os.rmdir, path)
+    with self.assertRaisesRegex(local_workers.WorkersFailed,
+                                'wrote no memory report'):
+      workers.ReadMemory(timeout=2)
+    self.assertEqual(workers.Dead(), [])
+    with open(workers.log_paths[0], encoding='utf-8') as f:
+      self.assertIn(f'memory report {path} not written', f.read())
+
   def testServerOnOneCoreGetsTwoInterOpThreads(self):
     """Pinned to one core, a server would get one inter-op thread."""
     code = ('import os; from lingvo_pipe.core import cluster; '
