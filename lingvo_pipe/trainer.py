@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import sys
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -289,6 +290,7 @@ class Runner:
     bar = progress.Progress(tp.max_steps, start_step=step)
     last_time = time.monotonic()
     while step < tp.max_steps:
+      RaiseIfInterrupted()
       out = {k: v.numpy() for k, v in train_step(next(batches)).items()}
       if not out['is_finite']:
         self._StopOnNonFinite(step, out)
@@ -329,6 +331,7 @@ class Runner:
     eval_step = self._Function('eval', self._task.EvalStep)
     totals: Dict[str, list] = {}
     for _ in range(self._p.task.train.eval_steps):
+      RaiseIfInterrupted()
       batch = next(batches, None)
       if batch is None:
         break
@@ -352,6 +355,7 @@ class Runner:
     decode_step = self._Function('decode', self._task.DecodeStep)
     metrics = self._task.CreateDecoderMetrics()
     for _ in range(self._p.task.train.eval_steps):
+      RaiseIfInterrupted()
       batch = next(batches, None)
       if batch is None:
         break
@@ -372,6 +376,7 @@ class Runner:
     for path in self._tf.train.checkpoints_iterator(
         os.path.join(self._logdir, 'train'),
         timeout=FLAGS.follower_timeout_secs):
+      RaiseIfInterrupted()
       self._ckpt.Restore(path)
       step = checkpointer.StepOf(path)
       run(dataset, step)
@@ -480,6 +485,32 @@ def _RunJob(p: Any) -> None:
     runner.Follow(FLAGS.job)
 
 
+# Ctrl-C raises KeyboardInterrupt wherever Python is; inside a finalizer
+# (seen: TensorFlow's AtomicFunction.__del__) Python prints "Exception
+# ignored" and goes on, and training went on with it. So the handler also
+# notes the request, and every loop raises it again (RaiseIfInterrupted).
+_interrupted = False
+
+
+def _OnInterrupt(unused_signum, unused_frame) -> None:
+  global _interrupted
+  _interrupted = True
+  raise KeyboardInterrupt
+
+
+def RaiseIfInterrupted() -> None:
+  """Raises KeyboardInterrupt if Ctrl-C came since the trainer started,
+  even where its first KeyboardInterrupt was swallowed."""
+  if _interrupted:
+    raise KeyboardInterrupt
+
+
+def _CatchInterrupts() -> None:
+  """Installs _OnInterrupt unless SIGINT is ignored (a background job)."""
+  if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _OnInterrupt)
+
+
 def _Main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -491,6 +522,7 @@ def _Main(argv) -> None:
   from lingvo_pipe.core import params_text  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import local_workers  # pylint: disable=g-import-not-at-top
+  _CatchInterrupts()
   try:
     _Run()
   except (TrainingStopped, LookupError, params_text.ParamsTextError,

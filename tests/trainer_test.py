@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 from absl.testing import absltest
@@ -31,7 +32,34 @@ def _CheckpointValues(logdir, step):
   return {n: reader.get_tensor(n) for n in names}
 
 
+# Ctrl-C arrives while a finalizer runs: Python swallows the
+# KeyboardInterrupt there ("Exception ignored"); the trainer must still stop.
+_SWALLOWED_INTERRUPT = """
+import os, signal, sys, time
+from lingvo_pipe import trainer
+trainer._CatchInterrupts()
+class Finalized:
+  def __del__(self):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.5)  # the handler runs here, inside __del__
+Finalized()
+print('swallowed', flush=True)
+try:
+  trainer.RaiseIfInterrupted()
+except KeyboardInterrupt:
+  print('raised again', flush=True)
+"""
+
+
 class TrainerTest(trainer_testlib.TrainerTestBase):
+
+  def testACtrlCSwallowedByAFinalizerIsRaisedAgain(self):
+    out = subprocess.run(
+        [sys.executable, '-c', _SWALLOWED_INTERRUPT], capture_output=True,
+        text=True, timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    self.assertIn('Exception ignored', out.stderr)  # it was swallowed
+    self.assertEqual(out.stdout.split('\n')[:2], ['swallowed', 'raised again'])
 
   def testTrainsEvaluatesAndWritesEverything(self):
     logdir = self.create_tempdir().full_path
