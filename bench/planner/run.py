@@ -86,13 +86,10 @@ def _Inputs(name: str) -> Any:
 
 
 def _Predict(args: argparse.Namespace) -> None:
-  # As `python -m lingvo_pipe.tools.plan` runs (its main()).
-  os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
-  from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
-  cluster.EnsureInterOpThreads()
   from lingvo_pipe.core import devices  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tools import layer_profile  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tools import plan  # pylint: disable=g-import-not-at-top
+  plan.SetUpProcess()  # as `python -m lingvo_pipe.tools.plan` runs
   devices.SplitCpu(1)
   layer_ps, shapes = _Model(args.model)
   out = {}
@@ -159,7 +156,9 @@ def _StepMemory(fn: Any, inputs: Any, pids: List[int],
 def _Measure(args: argparse.Namespace) -> None:
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
   import stack as stack_lib  # pylint: disable=g-import-not-at-top
-  devices = cluster.Connect(cluster.ParseClusterSpec(args.cluster_spec))
+  spec = cluster.ParseClusterSpec(args.cluster_spec)
+  devices = cluster.Connect(spec)
+  addresses = spec.job_tasks('worker')
   pids = [int(p) for p in args.pids.split(',')]
   predicted = json.loads(args.predicted)
   inputs = _Inputs(args.model)
@@ -171,8 +170,8 @@ def _Measure(args: argparse.Namespace) -> None:
     fns[label] = fn
     out[label] = {'times': []}
     if args.part == 'memory':
-      out[label]['step_bytes'] = _StepMemory(
-          fn, inputs, pids[:k], args.cluster_spec.split('=')[1].split(',')[:k])
+      out[label]['step_bytes'] = _StepMemory(fn, inputs, pids[:k],
+                                             addresses[:k])
   rounds = args.rounds if args.part == 'time' else 0
   for label in stack_lib.Rotations(list(fns), rounds):
     start = time.perf_counter()

@@ -38,7 +38,6 @@ import re
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, List, Optional, Tuple
@@ -179,9 +178,7 @@ def _WriteMemoryReport(path: str, seq: int) -> None:
 
 def _NotePath(address: str) -> str:
   """Where a server notes its cluster spec, on its own host."""
-  port = address.rsplit(':', 1)[-1]
-  return os.path.join(tempfile.gettempdir(),
-                      f'lingvo_pipe_worker_{port}.json')
+  return local_workers.ServerFilePath(address, '.json')
 
 
 def _Note(spec: tf.train.ClusterSpec, job: str, task: int) -> dict:

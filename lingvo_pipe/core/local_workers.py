@@ -316,12 +316,18 @@ def ReadServerMemory(pids: List[int], addresses: List[str],
   return reports
 
 
-def MemoryReportPath(address: str) -> str:
-  """Where the server at host:port writes its memory report on SIGUSR1
-  (`cluster.Serve`), on its own host."""
+def ServerFilePath(address: str, suffix: str) -> str:
+  """/tmp/lingvo_pipe_worker_<port><suffix>: a file the server at
+  host:port keeps on its own host (its note, its memory report)."""
   port = address.rsplit(':', 1)[-1]
   return os.path.join(tempfile.gettempdir(),
-                      f'lingvo_pipe_worker_{port}.memory.json')
+                      f'lingvo_pipe_worker_{port}{suffix}')
+
+
+def MemoryReportPath(address: str) -> str:
+  """Where the server at host:port writes its memory report on SIGUSR1
+  (`cluster.Serve`)."""
+  return ServerFilePath(address, '.memory.json')
 
 
 def _ReportSeq(path: str) -> int:

@@ -166,8 +166,8 @@ def _KeptBytes(layer: Any, args: Tuple[Any, ...]) -> Tuple[int, int]:
 
 
 def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
-                optimizer_p: Optional[hyperparams.Params],
-                num_runs: int) -> Tuple[LayerProfile, Any]:
+                optimizer_p: Optional[hyperparams.Params], num_runs: int,
+                allocator: Optional[str]) -> Tuple[LayerProfile, Any]:
   layer = p.Instantiate()
   layer.SetTraining(True)
   fprop = tf.function(lambda *a: layer.FProp(layer.theta, *a),
@@ -175,7 +175,7 @@ def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
   forward_s, out = partitioner.MedianSeconds(fprop, args, num_runs)
   grad_fn, grad_inputs = _GradientFn(layer, args, out)
   both_s, _ = partitioner.MedianSeconds(grad_fn, grad_inputs, num_runs)
-  backward_peak = _BackwardPeak(grad_fn, grad_inputs, AllocatorDevice())
+  backward_peak = _BackwardPeak(grad_fn, grad_inputs, allocator)
   residual_bytes, read_bytes = _KeptBytes(layer, args)
   variables = [v for v in layer.vars.Flatten() if v.trainable]
   slot_bytes = 0
@@ -216,6 +216,7 @@ def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
       partitioner.InputArgs(input_shapes),
       partitioner.LayerDtype(layer_ps[0], dtype))
   profiles = []
+  allocator = AllocatorDevice()
   logger = tf.get_logger()
   level = logger.level
   logger.setLevel('ERROR')  # one tf.function per layer: TF warns retracing
@@ -224,7 +225,7 @@ def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
       q = p.Copy()
       if q.dtype is None:
         q.dtype = dtype
-      profile, out = _ProfileOne(q, args, optimizer_p, num_runs)
+      profile, out = _ProfileOne(q, args, optimizer_p, num_runs, allocator)
       profiles.append(profile)
       args = out if isinstance(out, tuple) else (out,)
   finally:

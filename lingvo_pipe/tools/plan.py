@@ -353,14 +353,22 @@ def Main(argv: Sequence[str]) -> str:
                        args.num_timing_runs))
 
 
-def main() -> None:
-  # Before TensorFlow makes its devices: the CPU allocator then keeps
-  # statistics (layer_profile measures each layer's backward with them),
-  # and a process on one core runs two inter-op threads, as a worker
-  # server does (cluster.EnsureInterOpThreads); both change the memory a
-  # backward holds (docs/DESIGN.md section 20).
+def SetUpProcess() -> None:
+  """Makes this process profile as a worker runs; call it before
+  TensorFlow makes its devices (importing it is still in time).
+
+  The CPU allocator then keeps statistics (layer_profile measures each
+  layer's backward with them), and a process on one core runs two
+  inter-op threads, as a worker server does (cluster.
+  EnsureInterOpThreads); both change the memory a backward holds
+  (docs/DESIGN.md section 20).
+  """
   os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
   cluster.EnsureInterOpThreads()
+
+
+def main() -> None:
+  SetUpProcess()
   try:
     print(Main(sys.argv[1:]), flush=True)
   except (ValueError, LookupError) as err:
