@@ -198,6 +198,39 @@ def _After(deps: Sequence[tf.Tensor]) -> Any:
   return tf.control_dependencies(list(deps))
 
 
+# Ops that take a resource but read no variable: a batch from a dataset
+# iterator has no gradient to give.
+_NOT_VARIABLE_READS = frozenset([
+    'IteratorGetNext', 'IteratorGetNextSync', 'IteratorGetNextAsOptional',
+    'OptionalGetValue', 'OptionalHasValue'])
+
+
+def _MayDependOnVariables(tensors: Sequence[tf.Tensor],
+                          limit: int = 20000) -> bool:
+  """Whether some floating tensor here may be computed from a variable.
+
+  Walks the graph back from `tensors`; any op with a resource input
+  (other than a dataset iterator's) counts as reading a variable. True
+  when unsure: eagerly, or past `limit` ops.
+  """
+  if tf.executing_eagerly():
+    return True
+  stack = [t.op for t in tensors if residuals.IsFloat(t)]
+  seen = set()
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    if len(seen) > limit:
+      return True
+    if op.type not in _NOT_VARIABLE_READS and any(
+        t.dtype == tf.resource for t in op.inputs):
+      return True
+    stack.extend(t.op for t in op.inputs)
+  return False
+
+
 def _FirstLine(err: Exception) -> str:
   text = str(err).strip().splitlines()
   return text[0] if text else type(err).__name__
@@ -251,6 +284,10 @@ class PipelineRun:
                          for k, d in enumerate(self._devices)]
     self._backward_fns = [_OnDevice(self._BackwardFn(k, d), d)
                           for k, d in enumerate(self._devices)]
+    # Partition 0 without its input gradient, and that gradient alone (see
+    # _BackwardTask); made only when the inputs come from no variable.
+    self._backward_0_no_dx: Optional[Callable[..., Any]] = None
+    self._input_gradient_fn: Optional[Callable[..., Any]] = None
     self._accumulate_fns = [_OnDevice(_Accumulate, d) for d in self._devices]
     self._split_cells = {
         k: residuals.SplitCell(f'cell_{k}', self._ForwardFn(k),
@@ -266,24 +303,48 @@ class PipelineRun:
     Forward.__name__ = f'cell_{k}_forward'
     return Forward
 
-  def _BackwardFn(self, k: int, device: str) -> Callable[..., Any]:
+  def _BackwardFn(self, k: int, device: str,
+                  input_gradient: bool = True) -> Callable[..., Any]:
+    """B(k, m)'s call: (dx, dtheta[, recomputed]); dx None if not wanted."""
     stamp = self._recorder is not None
 
     def Backward(theta_leaves, x, dy, *clock):
       theta_leaves, x = list(theta_leaves), list(x)
+      sources = x if input_gradient else []
       tape = tf.GradientTape(watch_accessed_variables=False)
       with tape, self._cells[k].NoStatUpdates():
-        tape.watch([t for t in x + theta_leaves if residuals.IsFloat(t)])
+        tape.watch([t for t in sources + theta_leaves
+                    if residuals.IsFloat(t)])
         y = self._Cell(k, theta_leaves, x)
+
+      def Grads():
+        dx, dtheta = residuals.Gradients(tape, y, list(dy), sources,
+                                         theta_leaves)
+        return (dx if input_gradient else [None] * len(x)), dtheta
+
       if not stamp:
-        return residuals.Gradients(tape, y, list(dy), x, theta_leaves)
+        return Grads()
       # Recording: the gradient ops start after the re-computation's stamp.
       recomputed = _Stamp(device, clock[0], y)
       with tf.control_dependencies([recomputed]):
-        dx, dtheta = residuals.Gradients(tape, y, list(dy), x, theta_leaves)
+        dx, dtheta = Grads()
       return dx, dtheta, recomputed
-    Backward.__name__ = f'cell_{k}_backward'
+    Backward.__name__ = (f'cell_{k}_backward' if input_gradient else
+                         f'cell_{k}_backward_without_input_gradient')
     return Backward
+
+  def _InputGradientFn(self) -> Callable[..., Any]:
+    """d(pipeline inputs) of one micro-batch alone: partition 0 again."""
+
+    def InputGradient(theta_leaves, x, dy):
+      theta_leaves, x = list(theta_leaves), list(x)
+      tape = tf.GradientTape(watch_accessed_variables=False)
+      with tape, self._cells[0].NoStatUpdates():
+        tape.watch([t for t in x if residuals.IsFloat(t)])
+        y = self._Cell(0, theta_leaves, x)
+      return residuals.Gradients(tape, y, list(dy), x, [])[0]
+    InputGradient.__name__ = 'cell_0_input_gradient'
+    return InputGradient
 
   # ---- recording (RecordTasks) -----------------------------------------
 
@@ -321,6 +382,11 @@ class PipelineRun:
     theta_leaves = [tf.nest.flatten(t) for t in self._thetas]
     sizes = [len(t) for t in theta_leaves]
     num_in = len(leaves)
+    if 0 not in self._split_cells and not _MayDependOnVariables(leaves):
+      device = self._devices[0]
+      self._backward_0_no_dx = _OnDevice(
+          self._BackwardFn(0, device, input_gradient=False), device)
+      self._input_gradient_fn = _OnDevice(self._InputGradientFn(), device)
 
     @tf.custom_gradient
     def Run(*args):
@@ -447,11 +513,14 @@ class PipelineRun:
         dx, dtheta, stamps = self._BackwardTask(
             k, m, thetas[k], dstate.pop((k, m)), last_on_device[k])
         # The task ends with its own outputs; adding dtheta into the
-        # accumulator is not part of it.
-        end = self._Finish('B', k, m, stamps[0], dx + dtheta, stamps[1])
+        # accumulator is not part of it. Nothing here may depend on the
+        # first partition's input gradient: the caller often has no use
+        # for it (images, token ids) and then the runtime prunes it.
+        mine = dtheta if k == 0 else dx + dtheta
+        end = self._Finish('B', k, m, stamps[0], mine, stamps[1])
         acc[k] = dtheta if acc[k] is None else self._Add(k, acc[k], dtheta)
-      last_on_device[k] = [t for t in dx + acc[k] if t is not None
-                           ] + _Present(end)
+      last_on_device[k] = [t for t in (dx if k > 0 else []) + acc[k]
+                           if t is not None] + _Present(end)
       if k > 0:
         dstate[(k - 1, m)] = dx
       else:
@@ -498,6 +567,22 @@ class PipelineRun:
     # otherwise the executor may re-compute while partition k+1 is still
     # busy and hold this partition's activations meanwhile.
     clock = [self._clocks[self._devices[k]]] if self._recorder else []
+    if k == 0 and self._input_gradient_fn is not None and (
+        self._input_gradient_fn.get_concrete_function(
+            theta_leaves, x, dy).function_def.signature.is_stateful):
+      # A stateful call always runs: it would re-compute for nothing.
+      self._backward_0_no_dx = self._input_gradient_fn = None
+    if k == 0 and self._backward_0_no_dx is not None:
+      # The inputs come from no variable: the caller most likely wants no
+      # gradient of them (images, a batch it did not watch). B(0, m) then
+      # leaves it out, and a separate call re-computes partition 0 for
+      # it; nothing depends on that call unless the caller uses d(inputs)
+      # (a tape that watched them), so otherwise the runtime prunes it.
+      with _After(after):
+        out = self._backward_0_no_dx(theta_leaves, x, dy, *clock)
+        dx = self._input_gradient_fn(theta_leaves, x, dy)
+      recomputed = out[2] if self._recorder is not None else None
+      return list(dx), list(out[1]), (start, recomputed)
     with _After(after):
       out = self._backward_fns[k](theta_leaves, x, dy, *clock)
     recomputed = out[2] if self._recorder is not None else None
