@@ -193,6 +193,15 @@ class Runner:
   def task(self) -> Any:
     return self._task
 
+  def ParameterLine(self) -> str:
+    """'Model: N trainable parameters (bytes)'; per partition: Describe."""
+    from lingvo_pipe.core import partitioner  # pylint: disable=g-import-not-at-top
+    variables = [v for v in self._task.vars.Flatten() if v.trainable]
+    count = sum(int(v.shape.num_elements()) for v in variables)
+    size = sum(int(v.shape.num_elements()) * v.dtype.size for v in variables)
+    return (f'Model: {count:,} trainable parameters '
+            f'({partitioner.Bytes(size)}).')
+
   def _Function(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     if name not in self._functions:
       self._functions[name] = self._tf.function(fn, autograph=False)
@@ -477,6 +486,7 @@ def _RunJob(p: Any) -> None:
     print(f'Model params: {params_path}', flush=True)
   runner = Runner(p, FLAGS.logdir)
   if FLAGS.job == 'trainer':
+    print(runner.ParameterLine(), flush=True)
     runner.WriteTimelines()
     if FLAGS.pipeline_trace:
       runner.TracePipeline(FLAGS.pipeline_trace)

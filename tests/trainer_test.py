@@ -70,6 +70,13 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     self.assertEqual(result.stderr, '')  # a quiet console
     self.assertIn(f'Model params: {logdir}/params.txt', result.stdout)
+    # Tiny: projections 4 -> 32 (partition 0) and 32 -> 4 (partition 1).
+    first, second = 4 * 32 + 32, 32 * 4 + 4
+    self.assertIn(f'Model: {first + second:,} trainable parameters '
+                  f'({4 * (first + second) / 1024:.2f} KiB).', result.stdout)
+    self.assertRegex(result.stdout, rf'partition 0: .* \({first} parameters\)')
+    self.assertRegex(result.stdout,
+                     rf'partition 1: .* \({second} parameters\)')
     self.assertRegex(result.stdout, r'task/network: K=2 M=4, .* measured '
                      r'bubble \d+\.\d%')
     self.assertIn(f'Measured timeline: {trace}.svg (picture), {trace}.json',

@@ -247,6 +247,8 @@ class PipeliningLayer(base_layer.BaseLayer):
   def Describe(self, batch_size: int, num_replicas: int = 1) -> str:
     """A few lines: devices, M, recompute mode, bubble and the timeline.
 
+    Each partition's line ends with its trainable parameter count.
+
     `batch_size` is one replica's; with several replicas each partition's
     line lists its device in every replica, separated by ' | '.
     """
@@ -257,7 +259,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     lines = [f"PipeliningLayer '{self.path}': {head}K={k} partitions, M={m} "
              f'micro-batches, recompute={self.params.recompute}, bubble '
              f'{schedule.BubbleFraction(k, m):.1%}']
-    lines += [f'  partition {i}: ' + ' | '.join(d[i] for d in where)
+    lines += [f'  partition {i}: ' + ' | '.join(d[i] for d in where) +
+              f' ({base_layer.NumParameters(self.cells[i]):,} parameters)'
               for i in range(k)]
     lines.append(schedule.Timeline(k, m))
     return '\n'.join(lines)

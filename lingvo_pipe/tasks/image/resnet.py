@@ -166,6 +166,87 @@ class ResNetBlock(base_layer.BaseLayer):
     return NestedMap(flops=flops, out_shapes=(out,))
 
 
+class BottleneckBlock(base_layer.BaseLayer):
+  """The bottleneck block of ResNet-50 and deeper, v1.5 (stride on the 3x3).
+
+    y = relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x))
+
+  conv1 is 1x1 to `width` channels, conv2 3x3 with the stride, conv3 1x1
+  to 4 x width (`output_dim`). In v1 the stride was on conv1; v1.5 moves it
+  to the 3x3, which every ResNet-50 result since (and GPipe's) uses. The
+  shortcut is x when the shape is kept, else a 1x1 conv with the stride
+  and BN. x [b, h, w, input_dim] -> y [b, h / s, w / s, output_dim].
+  Children: `conv1`, `conv2`, `conv3`, and `shortcut` if projected.
+  """
+
+  @classmethod
+  def Params(cls) -> hyperparams.InstantiableParams:
+    p = super().Params()
+    p.Define('input_dim', 0, 'Channels of the input.')
+    p.Define('width', 0, 'Channels of the 1x1 and 3x3 convolutions.')
+    p.Define('output_dim', 0, 'Channels of the output (4 x width in ResNet).')
+    p.Define('stride', 1, 'Stride of the 3x3 conv and the shortcut.')
+    p.Define('bn_tpl', normalization.BatchNormLayer.Params(),
+             'BatchNorm params of every BN in the block.')
+    return p
+
+  @classmethod
+  def _ChildParams(cls, p: hyperparams.Params) -> NestedMap:
+    for key in ('input_dim', 'width', 'output_dim', 'stride'):
+      value = p.Get(key)
+      if not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"BottleneckBlock '{p.name}': {key}={value!r} must be a "
+            'positive int.')
+    conv = ConvBatchNormLayer.Params().Set(bn_tpl=p.bn_tpl)
+    s = (p.stride, p.stride)
+    children = NestedMap(
+        conv1=conv.Copy().Set(name='conv1',
+                              filter_shape=(1, 1, p.input_dim, p.width)),
+        conv2=conv.Copy().Set(name='conv2',
+                              filter_shape=(3, 3, p.width, p.width),
+                              filter_stride=s),
+        conv3=conv.Copy().Set(name='conv3',
+                              filter_shape=(1, 1, p.width, p.output_dim),
+                              activation='NONE'))
+    if p.stride != 1 or p.input_dim != p.output_dim:
+      children.shortcut = conv.Copy().Set(
+          name='shortcut', filter_shape=(1, 1, p.input_dim, p.output_dim),
+          filter_stride=s, activation='NONE')
+    return children
+
+  def __init__(self, params: hyperparams.Params) -> None:
+    super().__init__(params)
+    for name, child in self._ChildParams(self.params).items():
+      self.CreateChild(name, child)
+
+  def FProp(self, theta: NestedMap, inputs: tf.Tensor) -> tf.Tensor:
+    y = inputs
+    for name in ('conv1', 'conv2', 'conv3'):
+      y = self.children[name].FProp(theta[name], y)
+    if 'shortcut' in self.children:
+      shortcut = self.shortcut.FProp(theta.shortcut, inputs)
+    else:
+      shortcut = inputs
+    return tf.nn.relu(y + shortcut)
+
+  @classmethod
+  def FPropMeta(cls, params: hyperparams.Params,
+                input_shape: Any) -> NestedMap:
+    children = cls._ChildParams(params)
+    shape = tf.TensorShape(input_shape)
+    flops, out = 0, shape
+    for name in ('conv1', 'conv2', 'conv3'):
+      meta = children[name].cls.FPropMeta(children[name], out)
+      flops += meta.flops
+      out = tf.TensorShape(meta.out_shapes[0])
+    if 'shortcut' in children:
+      flops += children.shortcut.cls.FPropMeta(children.shortcut,
+                                               shape).flops
+    flops += 2 * base_layer.MetaNumElements(out, cls.__name__)  # add, relu
+    return NestedMap(flops=flops, out_shapes=(out,))
+
+
 class GlobalAveragePoolLayer(base_layer.BaseLayer):
   """Mean over height and width: x [batch, h, w, c] -> y [batch, c]."""
 
@@ -246,3 +327,49 @@ def ResNetCifar(depth: int, num_classes: int = 10,
         '20, 32, 44, 56, 110, ...).')
   n = (depth - 2) // 6
   return ResNet([n] * 3, widths, num_classes, **kwargs)
+
+
+# Bottleneck blocks per stage of the ImageNet ResNets (He et al. 2016,
+# Table 1).
+IMAGENET_DEPTHS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
+
+
+def ResNetImageNet(depth: int, num_classes: int = 1000,
+                   input_channels: int = 3,
+                   bn_decay: float = 0.9) -> List[hyperparams.Params]:
+  """ResNet-50/101/152 v1.5 for ImageNet-size images.
+
+  stem (7x7 conv of 64, stride 2, BN, ReLU), stem_pool (3x3 max pool,
+  stride 2), four stages of BottleneckBlocks of widths 64, 128, 256, 512
+  (outputs 4x; the first block of stages 1-3 has stride 2), pool, logits.
+  ResNet-50 has 25,557,032 trainable parameters at 1000 classes and
+  ResNet-101 44,549,160 (checked in resnet_test).
+  """
+  if depth not in IMAGENET_DEPTHS:
+    raise ValueError(
+        f'ResNetImageNet: depth={depth!r}; use one of '
+        f'{sorted(IMAGENET_DEPTHS)}.')
+  if not isinstance(num_classes, int) or num_classes < 1:
+    raise ValueError(
+        f'ResNetImageNet: num_classes={num_classes!r} must be >= 1.')
+  bn = normalization.BatchNormLayer.Params().Set(decay=bn_decay)
+  out = [
+      ConvBatchNormLayer.Params().Set(
+          name='stem', filter_shape=(7, 7, input_channels, 64),
+          filter_stride=(2, 2), bn_tpl=bn),
+      layers.PoolingLayer.Params().Set(
+          name='stem_pool', pooling_type='MAX', window_shape=(3, 3),
+          window_stride=(2, 2))]
+  channels = 64
+  for s, n in enumerate(IMAGENET_DEPTHS[depth]):
+    width = 64 * 2 ** s
+    for j in range(n):
+      out.append(BottleneckBlock.Params().Set(
+          name=f'stage{s}_block{j}', input_dim=channels, width=width,
+          output_dim=4 * width, stride=2 if s > 0 and j == 0 else 1,
+          bn_tpl=bn))
+      channels = 4 * width
+  out.append(GlobalAveragePoolLayer.Params().Set(name='pool'))
+  out.append(layers.ProjectionLayer.Params().Set(
+      name='logits', input_dim=channels, output_dim=num_classes))
+  return out

@@ -158,5 +158,89 @@ class ResNetBuilderTest(tf.test.TestCase, parameterized.TestCase):
       resnet.ResNet((1,), (4,), 0)
 
 
+class BottleneckTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('Identity', [2, 6, 6, 8], 2, 8, 1, [2, 6, 6, 8], False),
+      ('Stride2', [2, 6, 6, 8], 4, 16, 2, [2, 3, 3, 16], True),
+      ('OddSize', [1, 7, 5, 3], 2, 8, 2, [1, 4, 3, 8], True),
+  )
+  def testShapesMatchFPropMeta(self, in_shape, width, out_dim, stride, want,
+                               has_shortcut):
+    p = resnet.BottleneckBlock.Params().Set(
+        name='block', input_dim=in_shape[-1], width=width,
+        output_dim=out_dim, stride=stride)
+    block = _Build(p)
+    self.assertEqual(has_shortcut, 'shortcut' in block.children)
+    y = block.FPropDefaultTheta(_Image(in_shape))
+    meta = resnet.BottleneckBlock.FPropMeta(p, tf.TensorShape(in_shape))
+    self.assertEqual(want, y.shape.as_list())
+    self.assertEqual((tf.TensorShape(want),), tuple(meta.out_shapes))
+
+  def testStrideIsOnTheThreeByThree(self):
+    """v1.5: the 1x1 convs keep the size, the 3x3 and the shortcut halve."""
+    block = _Build(resnet.BottleneckBlock.Params().Set(
+        input_dim=4, width=2, output_dim=8, stride=2))
+    x = _Image([2, 6, 6, 4])
+    theta = block.theta
+    y1 = block.conv1.FProp(theta.conv1, x)
+    y2 = block.conv2.FProp(theta.conv2, y1)
+    y3 = block.conv3.FProp(theta.conv3, y2)
+    self.assertEqual([2, 6, 6, 2], y1.shape.as_list())
+    self.assertEqual([2, 3, 3, 2], y2.shape.as_list())
+    self.assertEqual((1, 1), tuple(block.conv1.params.filter_stride))
+    self.assertEqual((2, 2), tuple(block.conv2.params.filter_stride))
+    short = block.shortcut.FProp(theta.shortcut, x)
+    self.assertAllClose(tf.nn.relu(y3 + short), block.FProp(theta, x),
+                        atol=1e-12, rtol=0)
+
+  def testBadParams(self):
+    with self.assertRaisesRegex(ValueError, 'width=0 must be a positive'):
+      resnet.BottleneckBlock.Params().Set(
+          name='b', input_dim=4, output_dim=8).Instantiate()
+
+
+class ResNetImageNetTest(tf.test.TestCase, parameterized.TestCase):
+
+  # Trainable parameters of ResNet-50 and -101 at 1000 classes (convs
+  # without bias, BN scale and shift, a 2048 x 1000 classifier with bias),
+  # as torchvision's resnet50/resnet101 count them; the paper's 25.6M and
+  # 44.5M, within 1%.
+  @parameterized.parameters((50, 25_557_032, 25.6e6),
+                            (101, 44_549_160, 44.5e6))
+  def testNumParameters(self, depth, exact, paper):
+    with base_layer.VariableShapesOnly():
+      net = layers.SequentialLayer.Params().Set(
+          name='net', sub=resnet.ResNetImageNet(depth)).Instantiate()
+      count = base_layer.NumParameters(net)
+    self.assertEqual(exact, count)
+    self.assertLess(abs(count - paper) / paper, 0.01)
+
+  def testShapesAt224(self):
+    shape = tf.TensorShape([2, 224, 224, 3])
+    sizes = {}
+    for p in resnet.ResNetImageNet(50):
+      shape = tf.TensorShape(p.cls.FPropMeta(p, shape).out_shapes[0])
+      sizes[p.name] = shape.as_list()
+    self.assertEqual([2, 112, 112, 64], sizes['stem'])
+    self.assertEqual([2, 56, 56, 64], sizes['stem_pool'])
+    self.assertEqual([2, 56, 56, 256], sizes['stage0_block2'])
+    self.assertEqual([2, 7, 7, 2048], sizes['stage3_block2'])
+    self.assertEqual([2, 1000], sizes['logits'])
+
+  def testTinyStepMatchesItsMeta(self):
+    """A real FProp of every layer agrees with FPropMeta (small image)."""
+    x = _Image([1, 32, 32, 3])
+    for p in resnet.ResNetImageNet(50, num_classes=5):
+      meta = p.cls.FPropMeta(p, x.shape)
+      x = _Build(p).FPropDefaultTheta(x)
+      self.assertEqual((x.shape,), tuple(meta.out_shapes), msg=p.name)
+    self.assertEqual([1, 5], x.shape.as_list())
+
+  def testBadDepth(self):
+    with self.assertRaisesRegex(ValueError, 'depth=34; use one of'):
+      resnet.ResNetImageNet(34)
+
+
 if __name__ == '__main__':
   absltest.main()
