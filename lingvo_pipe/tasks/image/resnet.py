@@ -25,7 +25,7 @@ He et al.'s initialisation, Normal(0, sqrt(2 / fan_in)).
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -91,7 +91,61 @@ class ConvBatchNormLayer(base_layer.BaseLayer):
         input_shape)
 
 
-class ResNetBlock(base_layer.BaseLayer):
+class _ResidualBlock(base_layer.BaseLayer):
+  """y = relu(body(x) + shortcut(x)); body: the convs `_BODY` in order.
+
+  Subclasses define Params and `_ChildParams` (children by name; a
+  `shortcut` child only when the shape changes).
+  """
+
+  _BODY: Tuple[str, ...] = ()
+
+  @classmethod
+  def _ChildParams(cls, p: hyperparams.Params) -> NestedMap:
+    raise NotImplementedError
+
+  @classmethod
+  def _Check(cls, p: hyperparams.Params, keys: Sequence[str]) -> None:
+    for key in keys:
+      value = p.Get(key)
+      if not isinstance(value, int) or value <= 0:
+        raise ValueError(
+            f"{cls.__name__} '{p.name}': {key}={value!r} must be a "
+            'positive int.')
+
+  def __init__(self, params: hyperparams.Params) -> None:
+    super().__init__(params)
+    for name, child in self._ChildParams(self.params).items():
+      self.CreateChild(name, child)
+
+  def FProp(self, theta: NestedMap, inputs: tf.Tensor) -> tf.Tensor:
+    y = inputs
+    for name in self._BODY:
+      y = self.children[name].FProp(theta[name], y)
+    if 'shortcut' in self.children:
+      shortcut = self.shortcut.FProp(theta.shortcut, inputs)
+    else:
+      shortcut = inputs
+    return tf.nn.relu(y + shortcut)
+
+  @classmethod
+  def FPropMeta(cls, params: hyperparams.Params,
+                input_shape: Any) -> NestedMap:
+    children = cls._ChildParams(params)
+    shape = tf.TensorShape(input_shape)
+    flops, out = 0, shape
+    for name in cls._BODY:
+      meta = children[name].cls.FPropMeta(children[name], out)
+      flops += meta.flops
+      out = tf.TensorShape(meta.out_shapes[0])
+    if 'shortcut' in children:
+      flops += children.shortcut.cls.FPropMeta(children.shortcut,
+                                               shape).flops
+    flops += 2 * base_layer.MetaNumElements(out, cls.__name__)  # add, relu
+    return NestedMap(flops=flops, out_shapes=(out,))
+
+
+class ResNetBlock(_ResidualBlock):
   """The basic residual block: two 3x3 conv-BN, plus a shortcut.
 
     y = relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))
@@ -102,6 +156,8 @@ class ResNetBlock(base_layer.BaseLayer):
   stride followed by BN (the paper's projection shortcut, option B).
   Children: `conv1`, `conv2`, and `shortcut` if there is a projection.
   """
+
+  _BODY = ('conv1', 'conv2')
 
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
@@ -115,12 +171,7 @@ class ResNetBlock(base_layer.BaseLayer):
 
   @classmethod
   def _ChildParams(cls, p: hyperparams.Params) -> NestedMap:
-    for key in ('input_dim', 'output_dim', 'stride'):
-      value = p.Get(key)
-      if not isinstance(value, int) or value <= 0:
-        raise ValueError(
-            f"ResNetBlock '{p.name}': {key}={value!r} must be a positive "
-            'int.')
+    cls._Check(p, ('input_dim', 'output_dim', 'stride'))
     conv = ConvBatchNormLayer.Params().Set(bn_tpl=p.bn_tpl)
     s = (p.stride, p.stride)
     children = NestedMap(
@@ -136,37 +187,8 @@ class ResNetBlock(base_layer.BaseLayer):
           filter_stride=s, activation='NONE')
     return children
 
-  def __init__(self, params: hyperparams.Params) -> None:
-    super().__init__(params)
-    for name, child in self._ChildParams(self.params).items():
-      self.CreateChild(name, child)
 
-  def FProp(self, theta: NestedMap, inputs: tf.Tensor) -> tf.Tensor:
-    y = self.conv1.FProp(theta.conv1, inputs)
-    y = self.conv2.FProp(theta.conv2, y)
-    if 'shortcut' in self.children:
-      shortcut = self.shortcut.FProp(theta.shortcut, inputs)
-    else:
-      shortcut = inputs
-    return tf.nn.relu(y + shortcut)
-
-  @classmethod
-  def FPropMeta(cls, params: hyperparams.Params,
-                input_shape: Any) -> NestedMap:
-    children = cls._ChildParams(params)
-    shape = tf.TensorShape(input_shape)
-    m1 = children.conv1.cls.FPropMeta(children.conv1, shape)
-    m2 = children.conv2.cls.FPropMeta(children.conv2, m1.out_shapes[0])
-    flops = m1.flops + m2.flops
-    if 'shortcut' in children:
-      flops += children.shortcut.cls.FPropMeta(children.shortcut,
-                                               shape).flops
-    out = tf.TensorShape(m2.out_shapes[0])
-    flops += 2 * base_layer.MetaNumElements(out, cls.__name__)  # add, relu
-    return NestedMap(flops=flops, out_shapes=(out,))
-
-
-class BottleneckBlock(base_layer.BaseLayer):
+class BottleneckBlock(_ResidualBlock):
   """The bottleneck block of ResNet-50 and deeper, v1.5 (stride on the 3x3).
 
     y = relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x))
@@ -178,6 +200,8 @@ class BottleneckBlock(base_layer.BaseLayer):
   and BN. x [b, h, w, input_dim] -> y [b, h / s, w / s, output_dim].
   Children: `conv1`, `conv2`, `conv3`, and `shortcut` if projected.
   """
+
+  _BODY = ('conv1', 'conv2', 'conv3')
 
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
@@ -192,12 +216,7 @@ class BottleneckBlock(base_layer.BaseLayer):
 
   @classmethod
   def _ChildParams(cls, p: hyperparams.Params) -> NestedMap:
-    for key in ('input_dim', 'width', 'output_dim', 'stride'):
-      value = p.Get(key)
-      if not isinstance(value, int) or value <= 0:
-        raise ValueError(
-            f"BottleneckBlock '{p.name}': {key}={value!r} must be a "
-            'positive int.')
+    cls._Check(p, ('input_dim', 'width', 'output_dim', 'stride'))
     conv = ConvBatchNormLayer.Params().Set(bn_tpl=p.bn_tpl)
     s = (p.stride, p.stride)
     children = NestedMap(
@@ -214,37 +233,6 @@ class BottleneckBlock(base_layer.BaseLayer):
           name='shortcut', filter_shape=(1, 1, p.input_dim, p.output_dim),
           filter_stride=s, activation='NONE')
     return children
-
-  def __init__(self, params: hyperparams.Params) -> None:
-    super().__init__(params)
-    for name, child in self._ChildParams(self.params).items():
-      self.CreateChild(name, child)
-
-  def FProp(self, theta: NestedMap, inputs: tf.Tensor) -> tf.Tensor:
-    y = inputs
-    for name in ('conv1', 'conv2', 'conv3'):
-      y = self.children[name].FProp(theta[name], y)
-    if 'shortcut' in self.children:
-      shortcut = self.shortcut.FProp(theta.shortcut, inputs)
-    else:
-      shortcut = inputs
-    return tf.nn.relu(y + shortcut)
-
-  @classmethod
-  def FPropMeta(cls, params: hyperparams.Params,
-                input_shape: Any) -> NestedMap:
-    children = cls._ChildParams(params)
-    shape = tf.TensorShape(input_shape)
-    flops, out = 0, shape
-    for name in ('conv1', 'conv2', 'conv3'):
-      meta = children[name].cls.FPropMeta(children[name], out)
-      flops += meta.flops
-      out = tf.TensorShape(meta.out_shapes[0])
-    if 'shortcut' in children:
-      flops += children.shortcut.cls.FPropMeta(children.shortcut,
-                                               shape).flops
-    flops += 2 * base_layer.MetaNumElements(out, cls.__name__)  # add, relu
-    return NestedMap(flops=flops, out_shapes=(out,))
 
 
 class GlobalAveragePoolLayer(base_layer.BaseLayer):
