@@ -111,6 +111,10 @@ class ImageClassificationInputTest(tf.test.TestCase, parameterized.TestCase):
       (dict(image_size=0), 'p.image_size is 0'),
       (dict(random_crop_padding=-1), 'p.random_crop_padding is -1'),
       (dict(normalization_std=[0.2, 0.0, 0.2]), 'p.normalization_std'),
+      (dict(crop='inception'), "p.crop is 'inception'; use one of"),
+      (dict(random_area=(0.5, 1.5)), 'p.random_area'),
+      (dict(random_aspect=(1.0, 0.5)), 'p.random_aspect'),
+      (dict(crop_fraction=0.0), 'p.crop_fraction is 0.0'),
   )
   def testBadParams(self, kwargs, message):
     with self.assertRaisesRegex(ValueError, message):
@@ -133,6 +137,73 @@ class SyntheticImagesInputTest(tf.test.TestCase):
     self.assertAllClose(_Stack(batches, 'image'),
                         raw['image'].numpy() / 255.0, atol=1e-6)
     self.assertAllEqual(_Stack(batches, 'label'), raw['label'].numpy())
+
+
+class ImageNetInputTest(tf.test.TestCase):
+  """imagenet2012 (mocked: images of random sizes) as the paper trains."""
+
+  def setUp(self):
+    super().setUp()
+    self.data_dir = self.create_tempdir().full_path
+    self.enter_context(tfds.testing.mock_data(num_examples=6))
+
+  def _Batch(self, split, **kwargs):
+    p = input_generator.ImageNetParams(split, image_size=24, batch_size=6)
+    p.Set(data_dir=self.data_dir, **kwargs)
+    return next(iter(p.Instantiate().GetDataset()))
+
+  def testEvalIsTheCentralCropResized(self):
+    raw = list(tfds.load('imagenet2012', split='validation',
+                         data_dir=self.data_dir).as_numpy_iterator())
+    batch = self._Batch('validation', seed=1)
+    mean = np.array(input_generator.IMAGENET_MEAN, np.float32)
+    std = np.array(input_generator.IMAGENET_STD, np.float32)
+    self.assertGreater(len({e['image'].shape for e in raw}), 1)
+    for example, got in zip(raw, batch.image.numpy()):
+      image = example['image'].astype(np.float32) / 255.0
+      h, w, _ = image.shape
+      side = max(1, int(round(0.875 * min(h, w))))
+      top, left = (h - side) // 2, (w - side) // 2
+      want = tf.image.resize(image[top:top + side, left:left + side],
+                             [24, 24]).numpy()
+      self.assertAllClose((want - mean) / std, got, atol=1e-5, rtol=0)
+
+  def testEvalIsDeterministic(self):
+    a = self._Batch('validation', seed=1)
+    b = self._Batch('validation', seed=2)
+    self.assertAllEqual(a.image, b.image)
+    self.assertAllEqual(a.label, b.label)
+
+  def testTrainingCropsAreSeededAndVary(self):
+    a = self._Batch('train', seed=1, shuffle_buffer_size=0)
+    b = self._Batch('train', seed=1, shuffle_buffer_size=0)
+    c = self._Batch('train', seed=2, shuffle_buffer_size=0)
+    self.assertEqual([6, 24, 24, 3], a.image.shape.as_list())
+    self.assertAllEqual(a.image, b.image)
+    self.assertAllEqual(a.label, c.label)
+    self.assertNotAllClose(a.image, c.image)
+
+  def testRandomWindowHasTheAreaAndAspectAsked(self):
+    """Windows of a coordinate image: contiguous, in range, per seed."""
+    gen = input_generator.ImageNetParams('train').Set(
+        data_dir=self.data_dir).Instantiate()
+    h, w = 60, 80
+    ys, xs = np.meshgrid(np.arange(h), np.arange(w), indexing='ij')
+    image = tf.constant(np.stack([ys, xs, 0 * ys], -1), tf.float32)
+    shapes = set()
+    for i in range(20):
+      window = gen._RandomWindow(image, tf.constant([i, 7])).numpy()
+      again = gen._RandomWindow(image, tf.constant([i, 7])).numpy()
+      self.assertAllEqual(window, again)
+      wh, ww, _ = window.shape
+      top, left = window[0, 0, :2].astype(int)
+      self.assertAllEqual(window[..., 0], ys[top:top + wh, left:left + ww])
+      self.assertAllEqual(window[..., 1], xs[top:top + wh, left:left + ww])
+      if (wh, ww) != (h, w):  # else: nothing fitted, the whole image
+        self.assertBetween(wh * ww / (h * w), 0.08 - 0.01, 1.0)
+        self.assertBetween(ww / wh, 3 / 4 - 0.05, 4 / 3 + 0.05)
+      shapes.add((wh, ww))
+    self.assertGreater(len(shapes), 5)
 
 
 if __name__ == '__main__':
