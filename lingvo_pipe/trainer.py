@@ -193,6 +193,17 @@ class Runner:
   def task(self) -> Any:
     return self._task
 
+  def _InitFromRules(self, rules: Any) -> str:
+    """Applies init_from_checkpoint_rules to a fresh model; the report."""
+    from lingvo_pipe.core import checkpointer  # pylint: disable=g-import-not-at-top
+    variables = self._task.VariablesByPath()
+    report = checkpointer.InitFromCheckpointRules(variables, rules)
+    ema = self._state.ema
+    if ema is not None:  # shadows start from the loaded values
+      for path, shadow in ema.shadows.items():
+        shadow.assign(variables[path])
+    return report
+
   def ParameterLine(self) -> str:
     """'Model: N trainable parameters (bytes)'; per partition: Describe."""
     from lingvo_pipe.core import partitioner  # pylint: disable=g-import-not-at-top
@@ -294,6 +305,8 @@ class Runner:
       where = ('input position restored' if self._ckpt.restored_input else
                'no input position restored, so the input starts over')
       print(f'Resumed from {restored} at step {step}; {where}.', flush=True)
+    elif tp.init_from_checkpoint_rules:
+      print(self._InitFromRules(tp.init_from_checkpoint_rules), flush=True)
     train_step = self._Function('train', self._task.TrainStep)
     batch_size = self._p.train_input.batch_size
     bar = progress.Progress(tp.max_steps, start_step=step)

@@ -110,6 +110,64 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
     self.assertEqual(names, ['ckpt-20.index', 'ckpt-40.index',
                              'ckpt-60.index'])
 
+
+  def _Backbone(self, logdir, step):
+    """Partition 0's variables (not their optimizer slots) at `step`."""
+    return {n: v for n, v in _CheckpointValues(logdir, step).items()
+            if n.split('/')[0].endswith('cell_0.Sw') or
+            n.split('/')[0].endswith('cell_0.Sb')}
+
+  def testFineTunesFromAnotherRunsCheckpoint(self):
+    """init_from_checkpoint_rules: backbone loaded, head new, never on resume.
+
+    Pretrain Tiny (4 outputs), then fine-tune it with 3 outputs: the
+    classifier (partition 1) has another shape and keeps its initial
+    values. At learning rate 0 the fine-tuned backbone stays what was
+    loaded; a resumed fine-tuning run restores its own checkpoint.
+    """
+    pretrained = self.create_tempdir().full_path
+    self.assertEqual(self._Run(
+        pretrained, '--model_params_override=task.train.max_steps : 20'
+    ).returncode, 0)
+    source = os.path.join(pretrained, 'train', 'ckpt-20')
+    rules = f"{{'{source}': ([('(.*)', '%s')], [])}}"
+
+    def FineTune(logdir, steps, lr):
+      override = '\n'.join([
+          'task.network.cell_tpl[1].output_dim : 3', 'task.outputs : 3',
+          f'task.train.max_steps : {steps}',
+          f'task.train.learning_rate : {lr}',
+          f'task.train.init_from_checkpoint_rules : {rules}'])
+      result = self._Run(logdir, f'--model_params_override={override}')
+      self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+      return result.stdout
+
+    frozen = self.create_tempdir().full_path
+    out = FineTune(frozen, 20, 0.0)
+    self.assertIn(
+        f'Initialised 2 of 4 variables from {source}; kept their initial '
+        'values: task/network/cell_1/b (shape [3] vs [4]), '
+        'task/network/cell_1/w (shape [32, 3] vs [32, 4]).', out)
+    backbone = self._Backbone(pretrained, 20)
+    self.assertLen(backbone, 2)
+    for name, value in self._Backbone(frozen, 20).items():
+      self.assertTrue(np.array_equal(value, backbone[name]), name)
+    head = _CheckpointValues(frozen, 20)
+    self.assertEqual(
+        [v.shape for n, v in head.items() if n.startswith(
+            'task.Snetwork.Scell_1.Sw/')], [(32, 3)])
+
+    tuned = self.create_tempdir().full_path
+    FineTune(tuned, 20, 0.02)
+    moved = self._Backbone(tuned, 20)
+    self.assertFalse(any(np.array_equal(v, backbone[n])
+                         for n, v in moved.items()))
+    out = FineTune(tuned, 40, 0.0)  # resumed: its own checkpoint, no rules
+    self.assertIn('Resumed from', out)
+    self.assertNotIn('Initialised', out)
+    for name, value in self._Backbone(tuned, 40).items():
+      self.assertTrue(np.array_equal(value, moved[name]), name)
+
   def testResumesAfterSigkill(self):
     logdir = self.create_tempdir().full_path
     override = ('--model_params_override=task.train.max_steps : 400\n'

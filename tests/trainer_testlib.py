@@ -53,6 +53,7 @@ class RegressionTask(base_model.BaseTask):
   def Params(cls):
     p = super().Params()
     p.Define('network', None, 'The network params.')
+    p.Define('outputs', 4, 'Entries of y the network predicts (the first).')
     return p
 
   def __init__(self, params):
@@ -63,11 +64,13 @@ class RegressionTask(base_model.BaseTask):
     return NestedMap(y=self.network.FProp(theta.network, batch.x))
 
   def ComputeLoss(self, theta, predictions, batch):
-    loss = tf.reduce_mean(tf.square(predictions.y - batch.y))
+    y = batch.y[:, :self.params.outputs]
+    loss = tf.reduce_mean(tf.square(predictions.y - y))
     return {'loss': (loss, tf.constant(16.0))}, NestedMap()
 
   def Decode(self, theta, batch):
-    return NestedMap(pred=self.ComputePredictions(theta, batch).y, y=batch.y)
+    return NestedMap(pred=self.ComputePredictions(theta, batch).y,
+                     y=batch.y[:, :self.params.outputs])
 
   def CreateDecoderMetrics(self):
     return {'mean_abs_error': base_model.AverageMetric()}

@@ -135,6 +135,15 @@ def _TrainParams() -> hyperparams.Params:
   p.Define('eval_interval_steps', 1000, 'Steps between evaluations.')
   p.Define('eval_steps', 10, 'Batches per evaluation.')
   p.Define('checkpoints_to_keep', 5, 'Newest checkpoints kept on disk.')
+  p.Define('init_from_checkpoint_rules', {},
+           'Start a fresh run (never a resumed one) from other checkpoints '
+           '(transfer learning): {checkpoint path: ([(regex, format), '
+           '...], [ignore regex, ...])}. A model variable whose name (as '
+           'in our checkpoints, e.g. task/network/...) matches a regex '
+           '(re.match) takes the checkpoint variable named format % '
+           'groups, if its shape is the same; ignored, unmatched and '
+           'other-shaped variables keep their initial values. The trainer '
+           'prints what was loaded and what was not.')
   p.Define('checkpoint_input', True,
            "Save the train input's position (tf.data iterator, shuffle "
            'buffer included) with each checkpoint, so a resumed run reads '

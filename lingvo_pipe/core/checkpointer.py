@@ -11,7 +11,8 @@ cannot be read, so a damaged file costs one save interval, never the run.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+import re
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -157,3 +158,108 @@ class Checkpointer:
 def StepOf(path: str) -> int:
   """The step number of a `.../ckpt-<step>` path."""
   return int(path.rsplit('-', 1)[-1])
+
+
+# The suffix TF's object-based checkpoints give a variable's value.
+_VALUE_SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
+
+
+def _CheckpointNames(path: str) -> Dict[str, Tuple[str, List[int]]]:
+  """{variable name: (key in the checkpoint, shape)}.
+
+  Object-based checkpoints (ours) name a variable by its object path with
+  TF's escaping undone ('.S' is '/', '..' is '.'), so our checkpoints use
+  the names of `Task.VariablesToCheckpoint`; name-based (TF1) checkpoints
+  use their keys as they are.
+  """
+  names = {}
+  for key, shape in tf.train.list_variables(path):
+    if key.endswith(_VALUE_SUFFIX):
+      name = re.sub(r'\.(.)', lambda m: '/' if m.group(1) == 'S'
+                    else m.group(1), key[:-len(_VALUE_SUFFIX)])
+    elif '.ATTRIBUTES' in key or key.startswith('_CHECKPOINTABLE'):
+      continue
+    else:
+      name = key
+    names[name] = (key, list(shape))
+  return names
+
+
+def _CheckRules(rules: Any) -> None:
+  fix = ("set task.train.init_from_checkpoint_rules to {checkpoint path: "
+         "([(regex, format), ...], [ignore regex, ...])}, e.g. "
+         "{'/pretrained/train/ckpt-1000': ([('(.*)', '%s')], "
+         "['.*logits.*'])}")
+  if not isinstance(rules, Mapping):
+    raise ValueError(f'init_from_checkpoint_rules is {rules!r}; {fix}.')
+  for path, value in rules.items():
+    ok = (isinstance(path, str) and isinstance(value, (list, tuple)) and
+          len(value) == 2 and all(
+              isinstance(r, (list, tuple)) and len(r) == 2 and
+              all(isinstance(x, str) for x in r) for r in value[0]) and
+          all(isinstance(x, str) for x in value[1]))
+    if not ok:
+      raise ValueError(
+          f'init_from_checkpoint_rules[{path!r}] is {value!r}; {fix}.')
+    for regex in [r for r, _ in value[0]] + list(value[1]):
+      try:
+        re.compile(regex)
+      except re.error as err:
+        raise ValueError(
+            f'init_from_checkpoint_rules[{path!r}]: {regex!r} is not a '
+            f'regular expression ({err}).') from None
+
+
+def InitFromCheckpointRules(variables: Mapping[str, tf.Variable],
+                            rules: Mapping[str, Any]) -> str:
+  """Loads variables from other checkpoints by rules; a one-line report.
+
+  `rules` (Lingvo's `init_from_checkpoint_rules`): {checkpoint path:
+  ([(regex, format), ...], [ignore regex, ...])}. For each variable name
+  (`variables`' keys) that no ignore regex matches, the first regex that
+  matches it (re.match) gives the checkpoint's name, `format %
+  match.groups()`; the variable takes that value if the checkpoint has it
+  with the same shape. Every other variable keeps its value. A checkpoint
+  that cannot be read is an error, not a silent fresh start.
+  """
+  _CheckRules(rules)
+  loaded: Dict[str, str] = {}
+  reasons: Dict[str, str] = {}
+  for path, (name_rules, ignores) in rules.items():
+    try:
+      reader = tf.train.load_checkpoint(path)
+      names = _CheckpointNames(path)
+    except (tf.errors.OpError, ValueError) as err:
+      raise ValueError(
+          f'init_from_checkpoint_rules: cannot read checkpoint {path!r} '
+          f'({_FirstLine(err)}); give the path of a checkpoint prefix '
+          '(.../ckpt-N).') from None
+    for name, var in variables.items():
+      if name in loaded or any(re.match(r, name) for r in ignores):
+        continue
+      for regex, fmt in name_rules:
+        match = re.match(regex, name)
+        if not match:
+          continue
+        try:
+          source = fmt % match.groups()
+        except (TypeError, ValueError) as err:
+          raise ValueError(
+              f'init_from_checkpoint_rules[{path!r}]: format {fmt!r} does '
+              f'not take the groups {match.groups()} of {regex!r} ({err}).'
+          ) from None
+        if source not in names:
+          reasons[name] = f'{source} not in the checkpoint'
+        elif names[source][1] != var.shape.as_list():
+          reasons[name] = (f'shape {var.shape.as_list()} vs '
+                           f'{names[source][1]}')
+        else:
+          var.assign(tf.cast(reader.get_tensor(names[source][0]), var.dtype))
+          loaded[name] = source
+          reasons.pop(name, None)
+        break
+  kept = [f'{n} ({reasons.get(n, "no rule")})'
+          for n in variables if n not in loaded]
+  return (f'Initialised {len(loaded)} of {len(variables)} variables from '
+          f'{", ".join(rules)}; kept their initial values: '
+          f'{", ".join(kept) or "none"}.')

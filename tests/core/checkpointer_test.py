@@ -180,5 +180,59 @@ class CheckpointerTest(tf.test.TestCase):
       self.assertAllEqual(w['model/w'], tf.fill([256, 1024], float(step)))
 
 
+class InitFromCheckpointRulesTest(tf.test.TestCase):
+  """Transfer learning: variables taken from another run's checkpoint."""
+
+  def _Pretrained(self):
+    directory = self.create_tempdir().full_path
+    v = {'task/body.v1/w': tf.constant([[1.0, 2.0], [3.0, 4.0]]),
+         'task/body.v1/b': tf.constant([0.5, -0.5]),
+         'task/head/w': tf.constant([[1.0], [2.0]]),
+         'task/extra': tf.constant(7.0)}
+    ckpt = checkpointer.Checkpointer(
+        directory, {k: tf.Variable(x) for k, x in v.items()})
+    return ckpt.Save(10), v
+
+  def _Model(self):
+    return {'net/body.v1/w': tf.Variable(tf.zeros([2, 2])),
+            'net/body.v1/b': tf.Variable(tf.zeros([2])),
+            'net/head/w': tf.Variable(tf.zeros([2, 3])),  # other classes
+            'net/other': tf.Variable(tf.zeros([])),
+            'net/ignored/w': tf.Variable(tf.zeros([2, 2]))}
+
+  def testLoadsByRuleAndKeepsTheRest(self):
+    path, values = self._Pretrained()
+    model = self._Model()
+    report = checkpointer.InitFromCheckpointRules(
+        model, {path: ([('net/(body.*)', 'task/%s'),
+                        ('net/(head/w)', 'task/%s'),
+                        ('net/other', 'task/missing')], ['.*ignored.*'])})
+    self.assertAllEqual(model['net/body.v1/w'], values['task/body.v1/w'])
+    self.assertAllEqual(model['net/body.v1/b'], values['task/body.v1/b'])
+    for name in ('net/head/w', 'net/other', 'net/ignored/w'):
+      self.assertAllEqual(model[name], tf.zeros_like(model[name]), name)
+    self.assertEqual(
+        report, f'Initialised 2 of 5 variables from {path}; kept their '
+        'initial values: net/head/w (shape [2, 3] vs [2, 1]), net/other '
+        '(task/missing not in the checkpoint), net/ignored/w (no rule).')
+
+  def testBadRulesSayWhatToSet(self):
+    path, _ = self._Pretrained()
+    model = self._Model()
+    for rules in ({path: [('(.*)', '%s')]}, [path], {path: ([('(', '%s')],
+                                                            [])}):
+      with self.assertRaisesRegex(ValueError, 'init_from_checkpoint_rules'):
+        checkpointer.InitFromCheckpointRules(model, rules)
+    with self.assertRaisesRegex(ValueError, 'does not take the groups'):
+      checkpointer.InitFromCheckpointRules(
+          model, {path: ([('net/(.*)', '%s/%s')], [])})
+
+  def testAnUnreadableCheckpointIsAnError(self):
+    missing = os.path.join(self.create_tempdir().full_path, 'ckpt-1')
+    with self.assertRaisesRegex(ValueError, 'cannot read checkpoint'):
+      checkpointer.InitFromCheckpointRules(
+          self._Model(), {missing: ([('(.*)', '%s')], [])})
+
+
 if __name__ == '__main__':
   absltest.main()
