@@ -44,6 +44,12 @@ class ImageClassifierBase:
   NUM_CHANNELS = 3
   RANDOM_CROP_PADDING = 0
   RANDOM_FLIP = False
+  # input_generator's crop for training and evaluation ('resize' keeps the
+  # image whole; ImageNet: 'random_resized' and 'center').
+  TRAIN_CROP = 'resize'
+  EVAL_CROP = 'resize'
+  NORMALIZATION_MEAN: Any = 0.5
+  NORMALIZATION_STD: Any = 0.25
   SHUFFLE_BUFFER_SIZE = 10000
   INPUT_SEED = 1
   # Pipeline.
@@ -83,7 +89,10 @@ class ImageClassifierBase:
         repeat=train, shuffle_buffer_size=self.SHUFFLE_BUFFER_SIZE if train
         else 0, seed=self.INPUT_SEED,
         random_crop_padding=self.RANDOM_CROP_PADDING if train else 0,
-        random_flip=self.RANDOM_FLIP and train)
+        random_flip=self.RANDOM_FLIP and train,
+        crop=self.TRAIN_CROP if train else self.EVAL_CROP,
+        normalization_mean=self.NORMALIZATION_MEAN,
+        normalization_std=self.NORMALIZATION_STD)
 
   def Train(self) -> hyperparams.Params:
     return self._Input(self.TRAIN_SPLIT, self.BATCH_SIZE, train=True)
@@ -159,3 +168,18 @@ class AmoebaNetBase(ImageClassifierBase):
         num_stem_reduction_cells=self.NUM_STEM_REDUCTION_CELLS,
         stem_stride=self.STEM_STRIDE, normal_cell=self.NORMAL_CELL,
         reduction_cell=self.REDUCTION_CELL, bn_decay=self.BN_DECAY)
+
+
+class ResNetImageNetBase(ImageClassifierBase):
+  """ResNet-DEPTH v1.5 with bottleneck blocks (resnet.ResNetImageNet)."""
+
+  DEPTH = 50
+  NUM_BLOCKS: Optional[Any] = None  # blocks per stage; None: by DEPTH
+  BASE_WIDTH = 64
+
+  def Network(self) -> List[hyperparams.Params]:
+    return resnet.ResNetImageNet(self.DEPTH, self.NUM_CLASSES,
+                                 input_channels=self.NUM_CHANNELS,
+                                 bn_decay=self.BN_DECAY,
+                                 num_blocks=self.NUM_BLOCKS,
+                                 base_width=self.BASE_WIDTH)

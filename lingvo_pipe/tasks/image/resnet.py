@@ -323,34 +323,44 @@ IMAGENET_DEPTHS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
 
 
 def ResNetImageNet(depth: int, num_classes: int = 1000,
-                   input_channels: int = 3,
-                   bn_decay: float = 0.9) -> List[hyperparams.Params]:
+                   input_channels: int = 3, bn_decay: float = 0.9,
+                   num_blocks: Optional[Sequence[int]] = None,
+                   base_width: int = 64) -> List[hyperparams.Params]:
   """ResNet-50/101/152 v1.5 for ImageNet-size images.
 
   stem (7x7 conv of 64, stride 2, BN, ReLU), stem_pool (3x3 max pool,
   stride 2), four stages of BottleneckBlocks of widths 64, 128, 256, 512
   (outputs 4x; the first block of stages 1-3 has stride 2), pool, logits.
   ResNet-50 has 25,557,032 trainable parameters at 1000 classes and
-  ResNet-101 44,549,160 (checked in resnet_test).
+  ResNet-101 44,549,160 (checked in resnet_test). `num_blocks` (blocks
+  per stage) and `base_width` (64) change the sizes, e.g. for tests.
   """
-  if depth not in IMAGENET_DEPTHS:
+  if num_blocks is None:
+    if depth not in IMAGENET_DEPTHS:
+      raise ValueError(
+          f'ResNetImageNet: depth={depth!r}; use one of '
+          f'{sorted(IMAGENET_DEPTHS)}.')
+    num_blocks = IMAGENET_DEPTHS[depth]
+  num_blocks = list(num_blocks)
+  if not num_blocks or not all(isinstance(n, int) and n > 0
+                               for n in num_blocks + [base_width]):
     raise ValueError(
-        f'ResNetImageNet: depth={depth!r}; use one of '
-        f'{sorted(IMAGENET_DEPTHS)}.')
+        f'ResNetImageNet: num_blocks={num_blocks} and base_width='
+        f'{base_width!r} must be positive ints.')
   if not isinstance(num_classes, int) or num_classes < 1:
     raise ValueError(
         f'ResNetImageNet: num_classes={num_classes!r} must be >= 1.')
   bn = normalization.BatchNormLayer.Params().Set(decay=bn_decay)
   out = [
       ConvBatchNormLayer.Params().Set(
-          name='stem', filter_shape=(7, 7, input_channels, 64),
+          name='stem', filter_shape=(7, 7, input_channels, base_width),
           filter_stride=(2, 2), bn_tpl=bn),
       layers.PoolingLayer.Params().Set(
           name='stem_pool', pooling_type='MAX', window_shape=(3, 3),
           window_stride=(2, 2))]
-  channels = 64
-  for s, n in enumerate(IMAGENET_DEPTHS[depth]):
-    width = 64 * 2 ** s
+  channels = base_width
+  for s, n in enumerate(num_blocks):
+    width = base_width * 2 ** s
     for j in range(n):
       out.append(BottleneckBlock.Params().Set(
           name=f'stage{s}_block{j}', input_dim=channels, width=width,

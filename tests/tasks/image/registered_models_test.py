@@ -16,6 +16,7 @@ from lingvo_pipe.core import model_registry  # noqa: E402
 from lingvo_pipe.tasks.image import model  # noqa: E402
 
 KEYS = ('image.cifar10.AmoebaNetD_GPipe', 'image.cifar10.ResNet_GPipe',
+        'image.imagenet.ResNet50_GPipe',
         'image.synthetic.AmoebaNetTinyGPipe',
         'image.synthetic.ResNetTinyGPipe')
 

@@ -23,7 +23,7 @@ from lingvo_pipe.core import base_model
 from lingvo_pipe.core import model_registry
 
 TINY = dict(
-    NUM_BLOCKS=(1, 1), WIDTHS=(4, 8),  # ResNets
+    NUM_BLOCKS=(1, 1), WIDTHS=(4, 8), BASE_WIDTH=4,  # ResNets
     NUM_CELLS=3, FILTERS=2,  # AmoebaNets
     NORMAL_CELL=((('sep_conv_3x3', 0), ('identity', 1)),),
     REDUCTION_CELL=((('max_pool_3x3', 0), ('conv_1x7_7x1', 1)),),
