@@ -69,6 +69,8 @@ class ImageClassifierBase:
   CLIP_GRADIENT_NORM = 0.0
   EVAL_INTERVAL_STEPS = 1000
   EVAL_STEPS = 10
+  # Transfer learning: task.train.init_from_checkpoint_rules.
+  INIT_FROM_CHECKPOINT_RULES: Any = {}
 
   def Network(self) -> List[hyperparams.Params]:
     """The network as a flat list of uniquely named layer params."""
@@ -134,6 +136,7 @@ class ImageClassifierBase:
     tp.save_interval_steps = self.EVAL_INTERVAL_STEPS
     tp.summary_interval_steps = min(100, self.EVAL_INTERVAL_STEPS)
     tp.eval_steps = self.EVAL_STEPS
+    tp.init_from_checkpoint_rules = dict(self.INIT_FROM_CHECKPOINT_RULES)
     return p
 
 

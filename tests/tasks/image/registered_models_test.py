@@ -3,6 +3,8 @@
 tiny_models_test.py trains a tiny version of each for one step.
 """
 
+import re
+
 from absl.testing import absltest
 from absl.testing import parameterized
 
@@ -10,12 +12,14 @@ from lingvo_pipe.core import devices
 
 devices.SplitCpu(4)
 
+from lingvo_pipe.core import base_layer  # noqa: E402
 from lingvo_pipe.core import base_model  # noqa: E402
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import model_registry  # noqa: E402
 from lingvo_pipe.tasks.image import model  # noqa: E402
 
 KEYS = ('image.cifar10.AmoebaNetD_GPipe', 'image.cifar10.ResNet_GPipe',
+        'image.cifar100.AmoebaNetD_GPipe', 'image.cifar100.ResNet50_FineTune',
         'image.imagenet.ResNet50_GPipe',
         'image.synthetic.AmoebaNetTinyGPipe',
         'image.synthetic.ResNetTinyGPipe')
@@ -48,6 +52,27 @@ class RegisteredImageModelsTest(parameterized.TestCase):
     self.assertIn(names[-1], ('logits', 'head'))
     # Params text round-trips (the trainer writes it to params.txt).
     self.assertEqual(p.ToText(), p.Copy().FromText(p.ToText()).ToText())
+
+
+  def testFineTuningFindsTheImageNetModelsVariables(self):
+    """Same names and shapes but the classifier's: the rules can load."""
+
+    def Shapes(key):
+      p = model_registry.GetParams(key).task.Set(name='task')
+      with base_layer.VariableShapesOnly():
+        task = p.Instantiate()
+      return {n: v.shape.as_list() for n, v in task.VariablesByPath().items()}
+
+    pretrained = Shapes('image.imagenet.ResNet50_GPipe')
+    tuned = Shapes('image.cifar100.ResNet50_FineTune')
+    rules = model_registry.GetParams(
+        'image.cifar100.ResNet50_FineTune').task.train.init_from_checkpoint_rules
+    (_, (_, ignores)), = rules.items()
+    head = {n for n in tuned if any(re.match(r, n) for r in ignores)}
+    self.assertEqual({'task/network/cell_1/logits/w',
+                      'task/network/cell_1/logits/b'}, head)
+    self.assertEqual({n: s for n, s in pretrained.items() if n not in head},
+                     {n: s for n, s in tuned.items() if n not in head})
 
 
 if __name__ == '__main__':
