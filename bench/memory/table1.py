@@ -119,7 +119,7 @@ def _Build(model: str, size: int, k: int, m: int, devices: List[str]):
   from lingvo_pipe.tasks.image import amoebanet  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tasks.image import model as model_lib  # pylint: disable=g-import-not-at-top
   layer_ps = amoebanet.AmoebaNetD(num_cells=_AMOEBA_CELLS, filters=size,
-                                  num_classes=10)
+                                  num_classes=10, stem='cifar')
   if k == 0:
     with tf.device(devices[0]):
       layer = layers.SequentialLayer.Params().Set(

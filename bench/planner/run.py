@@ -67,7 +67,8 @@ def _Model(name: str) -> Any:
     shapes = lambda b: NestedMap(vec=tf.TensorShape([b, 64, 256]),  # noqa: E731
                                  paddings=tf.TensorShape([b, 64]))
   else:
-    layer_ps = amoebanet.AmoebaNetD(num_cells=6, filters=16, num_classes=10)
+    layer_ps = amoebanet.AmoebaNetD(num_cells=6, filters=16, num_classes=10,
+                                    stem='cifar')
     shapes = lambda b: tf.TensorShape([b, 32, 32, 3])  # noqa: E731
   return layer_ps, shapes
 

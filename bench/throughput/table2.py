@@ -4,9 +4,9 @@
       [--rounds=5] [--warmup=2] [--ms=1,4,8,32] [--json_out=FILE]
 
 --model=transformer: bench/gpipe's Transformer stack (stack.py: 8 encoder
-layers, d=256, batch 32); --model=amoebanet: AmoebaNet-D (6, 16) as
-lingvo_pipe.tasks.image.amoebanet builds it (not yet the published cells),
-on 32x32 images, batch 32, partitioned by flops. GPipe's re-computation
+layers, d=256, batch 32); --model=amoebanet: AmoebaNet-D (6, 16) of
+lingvo_pipe.tasks.image.amoebanet (the published cells, CIFAR stem), on
+32x32 images, batch 32, partitioned by flops. GPipe's re-computation
 ('always'); a step is the forward, the loss (mean square of the output)
 and every variable's gradient (no update). Per (K, M):
 
@@ -97,9 +97,8 @@ def _Client(args: argparse.Namespace) -> None:
                     'stack': describe, 'configs': out}), flush=True)
 
 
-# AmoebaNet-D as lingvo_pipe.tasks.image.amoebanet builds it today (not yet
-# the published cells: issue 11), CIFAR-sized.
-_AMOEBA = dict(num_cells=6, filters=16, num_classes=10)
+# AmoebaNet-D with the published cells, CIFAR-sized.
+_AMOEBA = dict(num_cells=6, filters=16, num_classes=10, stem='cifar')
 _AMOEBA_BATCH = 32
 _AMOEBA_TEXT = ('AmoebaNet-D (L, D) = (6, 16) of lingvo_pipe.tasks.image.'
                 f'amoebanet, 32x32x3 images, batch {_AMOEBA_BATCH}, float32')

@@ -10,7 +10,9 @@ element is a hash of (key, layer seed path, element index):
   keep[b, i] = h[b, i] < keep_prob * 2**32
 
 So the mask of an example does not depend on which micro-batch, partition
-or device it lands in, nor on how often it is computed. `Mix32` is the
+or device it lands in, nor on how often it is computed. Drop-path
+(`DropPathLayer`) drops a whole example's output the same way, with a
+keep probability that may fall with each example's training step. `Mix32` is the
 murmur3 32-bit finaliser; uint32 arithmetic wraps, the same on every
 device. Few ops on purpose: graph building costs about 1 ms per op here.
 """
@@ -120,3 +122,86 @@ class DropoutLayer(base_layer.BaseLayer):
     input_shape = tf.TensorShape(input_shape)
     n = base_layer.MetaNumElements(input_shape, 'DropoutLayer')
     return NestedMap(flops=10 * n, out_shapes=(input_shape,))
+
+
+def DropPathKeepProb(keep_prob: float, burn_in_steps: int,
+                     example_steps: Optional[tf.Tensor]) -> tf.Tensor:
+  """float64 keep probability per example: [batch], or a scalar.
+
+  keep(t) = 1 - min(1, t / burn_in_steps) * (1 - keep_prob) at training
+  step t: 1 at the start, keep_prob from step burn_in_steps on (the
+  schedule of Zoph et al. 2018 and Real et al. 2019). burn_in_steps = 0
+  means keep_prob from the start (example_steps unused).
+  """
+  if burn_in_steps == 0:
+    return tf.constant(keep_prob, tf.float64)
+  progress = tf.minimum(
+      tf.cast(example_steps, tf.float64) / float(burn_in_steps), 1.0)
+  return 1.0 - progress * (1.0 - keep_prob)
+
+
+class DropPathLayer(base_layer.BaseLayer):
+  """Drops each example's whole input: y[b] = x[b] * mask[b] / keep[b].
+
+  FProp(theta, inputs [batch, ...], example_keys [batch] int64,
+  example_steps [batch] int64 (needed if burn_in_steps > 0)). In training,
+  mask[b] = Mix32(key[b] ^ layer_salt) < keep[b] * 2**32, with keep[b]
+  from DropPathKeepProb at example_steps[b]; in eval, y = x. Like
+  DropoutLayer, example b's mask depends only on its key, its step and
+  this layer's path: the same in every micro-batch split, on every device
+  and in re-computation.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('keep_prob', 1.0, 'Probability of keeping an example (at the '
+             'end of the burn-in).')
+    p.Define('burn_in_steps', 0,
+             'Training steps over which the keep probability falls '
+             'linearly from 1 to keep_prob; 0: keep_prob from the start.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    where = f"DropPathLayer '{self.path}'"
+    if not 0.0 < p.keep_prob <= 1.0:
+      raise ValueError(f'{where}: keep_prob={p.keep_prob} must be in (0, 1].')
+    if not isinstance(p.burn_in_steps, int) or p.burn_in_steps < 0:
+      raise ValueError(f'{where}: burn_in_steps={p.burn_in_steps!r} must be '
+                       'an int >= 0.')
+    self._salt = _PathSalt(self.seed_path)
+
+  def FProp(self, theta: NestedMap, inputs: tf.Tensor,
+            example_keys: Optional[tf.Tensor] = None,
+            example_steps: Optional[tf.Tensor] = None) -> tf.Tensor:
+    del theta  # no variables
+    p = self.params
+    if not self.training or p.keep_prob == 1.0:
+      return inputs
+    where = f"DropPathLayer '{self.path}'"
+    if example_keys is None:
+      raise ValueError(
+          f'{where} needs example_keys in training; pass '
+          'dropout.ExampleKeys(step, batch_size) with the inputs.')
+    if example_steps is None and p.burn_in_steps:
+      raise ValueError(
+          f'{where} needs example_steps (each example\'s training step) '
+          'for its burn-in; pass them with the inputs or set '
+          'burn_in_steps=0.')
+    keep = DropPathKeepProb(p.keep_prob, p.burn_in_steps, example_steps)
+    hashed = Mix32(tf.bitwise.bitwise_xor(
+        tf.cast(example_keys, tf.uint32), _U32(self._salt)))
+    kept = tf.cast(hashed, tf.float64) < keep * 2.0**32
+    scale = tf.where(kept, 1.0 / keep, tf.zeros_like(keep))
+    scale = tf.cast(scale, inputs.dtype)
+    shape = tf.concat([tf.shape(scale), tf.ones([inputs.shape.rank - 1],
+                                                tf.int32)], 0)
+    return inputs * tf.reshape(scale, shape)
+
+  @classmethod
+  def FPropMeta(cls, params, input_shape, *unused):
+    input_shape = tf.TensorShape(input_shape)
+    n = base_layer.MetaNumElements(input_shape, 'DropPathLayer')
+    return NestedMap(flops=n, out_shapes=(input_shape,))

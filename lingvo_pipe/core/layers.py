@@ -268,7 +268,8 @@ class DepthwiseSeparableConv2DLayer(base_layer.BaseLayer):
                                                 #   in * mult, out]
   Channel c * mult + m of d is channel c filtered by depthwise_w[..., c, m].
   The stride applies to the depthwise step and must be equal along height
-  and width (a TensorFlow restriction).
+  and width (a TensorFlow restriction); so does the dilation rate, which
+  needs stride 1.
   """
 
   @classmethod
@@ -280,6 +281,9 @@ class DepthwiseSeparableConv2DLayer(base_layer.BaseLayer):
     p.Define('output_dim', 0, 'Output channels of the pointwise step.')
     p.Define('filter_stride', (1, 1),
              'Strides [height, width]; the two must be equal.')
+    p.Define('dilation_rate', (1, 1),
+             'Dilation [height, width] of the depthwise filter; the two '
+             'must be equal, and > 1 only with stride 1.')
     p.Define('padding', 'SAME', "'SAME' or 'VALID'.")
     p.Define('has_bias', True, 'Whether to add a bias per output channel.')
     p.Define('activation', 'NONE',
@@ -296,6 +300,12 @@ class DepthwiseSeparableConv2DLayer(base_layer.BaseLayer):
       raise ValueError(
           f'{where}: filter_stride={p.filter_stride!r} must be equal along '
           'height and width.')
+    _CheckPositiveInts(where, 'dilation_rate', p.dilation_rate, 2)
+    if (p.dilation_rate[0] != p.dilation_rate[1] or
+        (p.dilation_rate[0] > 1 and p.filter_stride[0] > 1)):
+      raise ValueError(
+          f'{where}: dilation_rate={p.dilation_rate!r} must be equal along '
+          'height and width, and 1 when filter_stride is not 1.')
     _CheckPositiveInts(where, 'output_dim', [p.output_dim], 1)
     _CheckPadding(where, p.padding)
     CheckActivation(p.activation, where)
@@ -314,7 +324,7 @@ class DepthwiseSeparableConv2DLayer(base_layer.BaseLayer):
     theta = _FPropTheta(self, theta)
     sh, sw = p.filter_stride
     y = tf.nn.depthwise_conv2d(inputs, theta.depthwise_w, [1, sh, sw, 1],
-                               p.padding)
+                               p.padding, dilations=p.dilation_rate)
     y = tf.nn.conv2d(y, theta.pointwise_w, [1, 1, 1, 1], 'VALID')
     if p.has_bias:
       y += theta.b
@@ -324,7 +334,9 @@ class DepthwiseSeparableConv2DLayer(base_layer.BaseLayer):
   def FPropMeta(cls, params: hyperparams.Params,
                 input_shape: Any) -> NestedMap:
     fh, fw, cin, mult = params.filter_shape
-    out = _OutImageShape(cls.__name__, _Shape(input_shape), (fh, fw),
+    rh, rw = params.dilation_rate
+    out = _OutImageShape(cls.__name__, _Shape(input_shape),
+                         ((fh - 1) * rh + 1, (fw - 1) * rw + 1),
                          params.filter_stride, params.padding,
                          params.output_dim)
     n = base_layer.MetaNumElements(out, cls.__name__)

@@ -39,9 +39,11 @@ class AmoebaNetD_GPipe(_Cifar10, classifier_base.AmoebaNetBase):  # noqa: N801
 
   (L, D) = (18, 256) is the AmoebaNet-D of GPipe's throughput experiments
   (Huang et al. 2019, Table 2); Table 1's sizes run from (18, 208) to
-  (72, 512). Three stacks of 6 normal cells, D = 256 filters in the first;
-  153M parameters with our cells (amoebanet.py), split by flops into 4
-  cells of 5.8M, 17.6M, 37.5M and 92M parameters.
+  (72, 512). The published cells with the reference's CIFAR stem (a
+  stride-1 3x3 conv, no stem cells): three stacks of 6 normal cells, D =
+  256 filters in the first; 117.5M parameters, split by flops into 4
+  partitions of 4.6M, 15.4M, 39.7M and 57.8M. (The paper's CIFAR results
+  fine-tune its ImageNet model instead; see image.cifar100.)
   Batch 256 in 16 micro-batches of 16 (bubble (K-1)/(M+K-1) = 16%);
   Nesterov momentum, learning rate 0.1 with cosine decay over ~400 epochs,
   decoupled weight decay 5e-4, dropout 0.5 before the logits, label

@@ -63,6 +63,7 @@ class ImageClassifierBase:
   # Training.
   NETWORK_INPUT = 'image'
   LABEL_SMOOTHING = 0.0
+  AUX_LOSS_WEIGHT = 0.4  # of auxiliary logits, if the network has them
   LEARNING_RATE = 1e-3
   MAX_STEPS = 1000
   WEIGHT_DECAY = 0.0
@@ -115,7 +116,8 @@ class ImageClassifierBase:
                             self.NUM_CHANNELS])
     if self.NETWORK_INPUT == 'image':
       return image
-    return NestedMap(image=image, example_keys=tf.TensorShape([b]))
+    return NestedMap(image=image, example_keys=tf.TensorShape([b]),
+                     example_steps=tf.TensorShape([b]))
 
   def Task(self) -> hyperparams.Params:
     p = model.ImageClassifier.Params()
@@ -125,6 +127,7 @@ class ImageClassifierBase:
     p.network_input = self.NETWORK_INPUT
     p.num_classes = self.NUM_CLASSES
     p.label_smoothing = self.LABEL_SMOOTHING
+    p.aux_loss_weight = self.AUX_LOSS_WEIGHT
     tp = p.train
     tp.optimizer = self.Optimizer()
     tp.learning_rate = self.LEARNING_RATE
@@ -153,24 +156,42 @@ class ResNetBase(ImageClassifierBase):
 
 
 class AmoebaNetBase(ImageClassifierBase):
-  """AmoebaNet-D (L, D) = (NUM_CELLS, FILTERS) (amoebanet.AmoebaNetD)."""
+  """AmoebaNet (L, D) = (NUM_CELLS, FILTERS) (amoebanet.AmoebaNet).
 
-  NETWORK_INPUT = 'image_and_keys'  # the head's dropout reads the keys
+  CELLS 'D' or 'B' picks the published genotypes; NORMAL_CELL and
+  REDUCTION_CELL, if set, replace them. Drop-path's keep probability falls
+  from 1 to DROP_PATH_KEEP_PROB over MAX_STEPS (the reference's schedule).
+  """
+
+  NETWORK_INPUT = 'image_and_keys'  # dropout and drop-path read the keys
   NUM_CELLS = 6
   FILTERS = 32
+  CELLS = 'D'
+  NORMAL_CELL: Optional[amoebanet.CellSpec] = None
+  REDUCTION_CELL: Optional[amoebanet.CellSpec] = None
+  STEM = 'cifar'
+  STEM_FILTERS = 32
   KEEP_PROB = 1.0
-  NUM_STEM_REDUCTION_CELLS = 0
-  STEM_STRIDE = 1
-  NORMAL_CELL = amoebanet.NORMAL_CELL
-  REDUCTION_CELL = amoebanet.REDUCTION_CELL
+  DROP_PATH_KEEP_PROB = 1.0
+  AUX_HEAD = False
 
   def Network(self) -> List[hyperparams.Params]:
-    return amoebanet.AmoebaNetD(
-        self.NUM_CELLS, self.FILTERS, self.NUM_CLASSES,
-        input_channels=self.NUM_CHANNELS, keep_prob=self.KEEP_PROB,
-        num_stem_reduction_cells=self.NUM_STEM_REDUCTION_CELLS,
-        stem_stride=self.STEM_STRIDE, normal_cell=self.NORMAL_CELL,
-        reduction_cell=self.REDUCTION_CELL, bn_decay=self.BN_DECAY)
+    cells = {'D': amoebanet.AmoebaNetD, 'B': amoebanet.AmoebaNetB}
+    if self.CELLS not in cells:
+      raise ValueError(f'{type(self).__name__}: CELLS={self.CELLS!r}; use '
+                       f'one of {sorted(cells)}.')
+    extra = {}
+    if self.NORMAL_CELL is not None:
+      extra['normal_cell'] = self.NORMAL_CELL
+    if self.REDUCTION_CELL is not None:
+      extra['reduction_cell'] = self.REDUCTION_CELL
+    return cells[self.CELLS](
+        self.NUM_CELLS, self.FILTERS, self.NUM_CLASSES, stem=self.STEM,
+        input_channels=self.NUM_CHANNELS, stem_filters=self.STEM_FILTERS,
+        keep_prob=self.KEEP_PROB,
+        drop_path_keep_prob=self.DROP_PATH_KEEP_PROB,
+        drop_path_burn_in_steps=self.MAX_STEPS, aux_head=self.AUX_HEAD,
+        image_size=self.IMAGE_SIZE, bn_decay=self.BN_DECAY, **extra)
 
 
 class ResNetImageNetBase(ImageClassifierBase):

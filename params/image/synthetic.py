@@ -53,10 +53,9 @@ class ResNetTinyGPipe(_SyntheticData, classifier_base.ResNetBase):
 class AmoebaNetTinyGPipe(_SyntheticData, classifier_base.AmoebaNetBase):
   """AmoebaNet-D (L, D) = (3, 8): one normal cell per stack, K=2, M=4.
 
-  Adam, learning rate 2e-3; 100 steps of batch 32. Measured with the
-  trainer: test accuracy 99.3% at step 50, 99.7% at step 100; 3 min 35 s
-  in all (2 min 37 s of CPU): ~0.7 s per step, three times the ResNet's,
-  as its cells are many small ops.
+  The published cells and CIFAR stem, 28k parameters. Adam, learning rate
+  2e-3; 100 steps of batch 32. Measured with the trainer: test accuracy
+  93.2% at step 50, 99.2% at step 100; 43 s in all (59 s of CPU).
   """
 
   NUM_CELLS = 3

@@ -160,5 +160,81 @@ class DropoutTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIsInstance(meta.flops, int)
 
 
+def _DropPath(name='drop_path', keep_prob=0.6, burn_in_steps=0):
+  return dropout.DropPathLayer.Params().Set(
+      name=name, keep_prob=keep_prob,
+      burn_in_steps=burn_in_steps).Instantiate()
+
+
+def _Steps(step, n):
+  return tf.fill([n], tf.constant(step, tf.int64))
+
+
+class DropPathTest(tf.test.TestCase, parameterized.TestCase):
+
+  def testWholeExamplesDroppedOrScaled(self):
+    layer = _DropPath(keep_prob=0.6)
+    x = _Rand(400, 3, 2)
+    y = layer.FProp(layer.theta, x, dropout.ExampleKeys(2, 400)).numpy()
+    kept = np.all(y != 0, axis=(1, 2))
+    dropped = np.all(y == 0, axis=(1, 2))
+    self.assertTrue(np.all(kept | dropped))  # never part of an example
+    self.assertAllClose(x.numpy()[kept] / 0.6, y[kept], rtol=1e-6)
+    self.assertBetween(kept.mean(), 0.5, 0.7)
+
+  def testBurnInSchedule(self):
+    layer = _DropPath(keep_prob=0.6, burn_in_steps=100)
+    for step, keep in ((0, 1.0), (50, 0.8), (100, 0.6), (300, 0.6)):
+      got = dropout.DropPathKeepProb(0.6, 100, _Steps(step, 3))
+      self.assertAllClose([keep] * 3, got, atol=1e-15, rtol=0)
+    x = _Rand(400, 2)
+    keys = dropout.ExampleKeys(7, 400)
+    self.assertAllEqual(x, layer.FProp(layer.theta, x, keys, _Steps(0, 400)))
+    y = layer.FProp(layer.theta, x, keys, _Steps(50, 400)).numpy()
+    kept = y[:, 0] != 0
+    self.assertAllClose(x.numpy()[kept] / 0.8, y[kept], rtol=1e-6)
+    self.assertBetween(kept.mean(), 0.7, 0.9)
+    with self.assertRaisesRegex(ValueError, 'needs example_steps'):
+      layer.FProp(layer.theta, x, keys)
+
+  def testMaskFollowsTheExampleAcrossSplits(self):
+    layer = _DropPath(keep_prob=0.5, burn_in_steps=10)
+    x = _Rand(8, 4)
+    keys, steps = dropout.ExampleKeys(3, 8), _Steps(6, 8)
+    whole = layer.FProp(layer.theta, x, keys, steps)
+    parts = [layer.FProp(layer.theta, a, k, s) for a, k, s in zip(
+        tf.split(x, 4), tf.split(keys, 4), tf.split(steps, 4))]
+    self.assertAllEqual(whole, tf.concat(parts, 0))
+    self.assertAllEqual(whole[::-1], layer.FProp(
+        layer.theta, x[::-1], keys[::-1], steps[::-1]))
+
+  def testPathsDifferAndEvalIsIdentity(self):
+    x = _Rand(64, 2)
+    keys = dropout.ExampleKeys(1, 64)
+    a, b = _DropPath('a'), _DropPath('b')
+    self.assertNotAllEqual(a.FProp(a.theta, x, keys),
+                           b.FProp(b.theta, x, keys))
+    a.SetTraining(False)
+    self.assertAllEqual(x, a.FProp(a.theta, x))
+
+  def testGradientIsMaskOverKeep(self):
+    layer = _DropPath(keep_prob=0.5)
+    x = _Rand(16, 3)
+    keys = dropout.ExampleKeys(4, 16)
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = layer.FProp(layer.theta, x, keys)
+    grad = tape.gradient(y, x).numpy()
+    kept = y.numpy()[:, :1] != 0
+    self.assertAllEqual(np.where(kept, 2.0, 0.0) * np.ones([16, 3]), grad)
+
+  @parameterized.parameters(0.0, 1.5)
+  def testBadParams(self, keep_prob):
+    with self.assertRaisesRegex(ValueError, r'keep_prob=.* must be in \(0, 1'):
+      _DropPath(keep_prob=keep_prob)
+    with self.assertRaisesRegex(ValueError, 'burn_in_steps=-1'):
+      _DropPath(burn_in_steps=-1)
+
+
 if __name__ == '__main__':
   absltest.main()

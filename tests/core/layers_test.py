@@ -251,6 +251,25 @@ class ConvTest(_Case):
     positions = math.prod(y.shape[:3])
     self.assertGreaterEqual(meta.flops, 2 * positions * (18 * 2 + 4 * 3))
 
+  @parameterized.parameters('SAME', 'VALID')
+  def testDepthwiseSeparableDilated(self, padding):
+    p = _Params(layers.DepthwiseSeparableConv2DLayer,
+                filter_shape=[3, 3, 2, 1], output_dim=3,
+                dilation_rate=[2, 2], padding=padding, has_bias=False)
+    layer = p.Instantiate()
+
+    def Ref(theta, x):
+      # A dilated 3x3 filter is a 5x5 window reading every other position.
+      wins = _Windows(x, [5, 5], [1, 1], padding)
+      d = tf.add_n([win * theta.depthwise_w[i // 2, j // 2, :, 0]
+                    for (i, j), win in wins.items()
+                    if i % 2 == 0 and j % 2 == 0])
+      return tf.einsum('bhwc,co->bhwo', d, theta.pointwise_w[0, 0])
+
+    x = _Rand(2, 7, 6, 2)
+    y = self.CheckAgainst(layer, Ref, x)
+    self.CheckMeta(p, [x.shape], tf.constant(y))
+
   def testConvErrors(self):
     with self.assertRaisesRegex(ValueError, "padding='same'"):
       _Params(layers.Conv2DLayer, filter_shape=[3, 3, 1, 1],
@@ -261,6 +280,11 @@ class ConvTest(_Case):
       _Params(layers.DepthwiseSeparableConv2DLayer,
               filter_shape=[3, 3, 1, 1], output_dim=2,
               filter_stride=[1, 2]).Instantiate()
+    with self.assertRaisesRegex(ValueError, 'dilation_rate=.*1 when '
+                                'filter_stride'):
+      _Params(layers.DepthwiseSeparableConv2DLayer,
+              filter_shape=[3, 3, 1, 1], output_dim=2, filter_stride=[2, 2],
+              dilation_rate=[2, 2]).Instantiate()
     layer = _Params(layers.Conv2DLayer,
                     filter_shape=[3, 3, 2, 1]).Instantiate()
     with self.assertRaisesRegex(ValueError, 'last dimension 3; expected 2'):

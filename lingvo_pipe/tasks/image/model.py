@@ -6,17 +6,23 @@ The network is any layer (typically a PipeliningLayer made by
 p.network_input:
 
   'image'           the image tensor [b, h, w, c]
-  'image_and_keys'  NestedMap(image=[b, h, w, c], example_keys=[b] int64):
-                    for networks with dropout (the keys make the masks, see
-                    core/dropout.py); every layer passes example_keys on
+  'image_and_keys'  NestedMap(image=[b, h, w, c], example_keys=[b] int64,
+                    example_steps=[b] int64): for networks with dropout or
+                    drop-path (the keys make the masks, see core/dropout.py;
+                    example_steps is the training step of every example, for
+                    drop-path's schedule); every layer passes them on
 
 The image is cast to the network's fprop dtype. The network returns logits
-[b, num_classes]. Input batches are NestedMap(image [b, h, w, c], label [b]
-int), as ImageClassificationInput makes them; BaseTask adds example_keys.
+[b, num_classes], or NestedMap(logits, aux_logits) when it has an
+auxiliary classifier (AmoebaNet's, in training). Input batches are
+NestedMap(image [b, h, w, c], label [b] int), as ImageClassificationInput
+makes them; BaseTask adds example_keys.
 
 Metrics, each (value, number of examples):
 
-  loss            mean softmax cross-entropy (with label smoothing)
+  loss            mean softmax cross-entropy (with label smoothing), plus
+                  aux_loss_weight times aux_loss if there are aux_logits
+  aux_loss        the auxiliary logits' cross-entropy (only with them)
   accuracy        fraction of examples whose top class is the label
   top5_accuracy   fraction whose label is among the 5 top classes (only if
                   num_classes > 5)
@@ -84,6 +90,9 @@ class ImageClassifier(base_model.BaseTask):
     p.Define('num_classes', 10, 'Number of classes.')
     p.Define('label_smoothing', 0.0,
              'Label smoothing of the cross-entropy, in [0, 1).')
+    p.Define('aux_loss_weight', 0.4,
+             'Weight of the auxiliary logits\' loss, if the network returns '
+             'them.')
     return p
 
   def __init__(self, params: hyperparams.Params) -> None:
@@ -106,7 +115,7 @@ class ImageClassifier(base_model.BaseTask):
 
   def ComputePredictions(self, theta: NestedMap,
                          input_batch: NestedMap) -> NestedMap:
-    """NestedMap(logits=[b, num_classes]) of the batch's images."""
+    """NestedMap(logits=[b, num_classes], maybe aux_logits) of the images."""
     p = self.params
     image = tf.cast(input_batch.image, self.network.fprop_dtype)
     if p.network_input == 'image':
@@ -114,16 +123,26 @@ class ImageClassifier(base_model.BaseTask):
     else:
       inputs = NestedMap(image=image)
       if 'example_keys' in input_batch:
-        inputs.example_keys = input_batch.example_keys
-    logits = self.network.FProp(theta.network, inputs)
+        keys = input_batch.example_keys
+        inputs.example_keys = keys
+        inputs.example_steps = tf.fill(tf.shape(keys), self._StepOrZero())
+    out = self.network.FProp(theta.network, inputs)
+    predictions = NestedMap(out) if isinstance(out, dict) else NestedMap(
+        logits=out)
     want = [image.shape[0], p.num_classes]
-    if not isinstance(logits, tf.Tensor) or (
-        not logits.shape.is_compatible_with(want)):
-      got = getattr(logits, 'shape', type(logits).__name__)
+    for name, logits in sorted(predictions.items()):
+      if name not in ('logits', 'aux_logits') or not isinstance(
+          logits, tf.Tensor) or not logits.shape.is_compatible_with(want):
+        got = getattr(logits, 'shape', type(logits).__name__)
+        raise ValueError(
+            f"ImageClassifier '{self.path}': the network returned {name} "
+            f'{got}; expected logits of shape {want} (num_classes='
+            f'{p.num_classes}), and maybe aux_logits of the same shape.')
+    if 'logits' not in predictions:
       raise ValueError(
-          f"ImageClassifier '{self.path}': the network returned {got}; "
-          f'expected logits of shape {want} (num_classes={p.num_classes}).')
-    return NestedMap(logits=logits)
+          f"ImageClassifier '{self.path}': the network returned "
+          f'{sorted(predictions)}, no logits.')
+    return predictions
 
   def _Scores(self, logits: tf.Tensor,
               labels: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
@@ -149,10 +168,16 @@ class ImageClassifier(base_model.BaseTask):
     correct, top5 = self._Scores(logits, input_batch.label)
     dtype = xent.avg_loss.dtype
     n = xent.total_weight
-    metrics = {
-        'loss': (xent.avg_loss, n),
-        'accuracy': (tf.reduce_mean(tf.cast(correct, dtype)), n),
-    }
+    loss = xent.avg_loss
+    metrics = {'accuracy': (tf.reduce_mean(tf.cast(correct, dtype)), n)}
+    if 'aux_logits' in predictions:
+      aux = layers.SoftmaxCrossEntropy(
+          predictions.aux_logits,
+          class_ids=tf.cast(input_batch.label, tf.int32),
+          label_smoothing=p.label_smoothing)
+      metrics['aux_loss'] = (aux.avg_loss, n)
+      loss += tf.cast(p.aux_loss_weight, dtype) * aux.avg_loss
+    metrics['loss'] = (loss, n)
     if p.num_classes > _TOP_K:
       metrics['top5_accuracy'] = (tf.reduce_mean(tf.cast(top5, dtype)), n)
     per_example = NestedMap(loss=xent.per_example_loss, correct=correct)

@@ -54,6 +54,7 @@ class ConvBatchNormLayer(base_layer.BaseLayer):
     p.Define('filter_shape', (3, 3, 0, 0),
              'Filter shape [height, width, in_channels, out_channels].')
     p.Define('filter_stride', (1, 1), 'Strides [height, width].')
+    p.Define('padding', 'SAME', "Of the convolution: 'SAME' or 'VALID'.")
     p.Define('activation', 'RELU', 'Activation after BN, e.g. RELU or NONE.')
     p.Define('bn_tpl', normalization.BatchNormLayer.Params(),
              'BatchNorm params; dim is set to out_channels.')
@@ -63,7 +64,7 @@ class ConvBatchNormLayer(base_layer.BaseLayer):
   def _ChildParams(cls, p: hyperparams.Params) -> List[hyperparams.Params]:
     conv = layers.Conv2DLayer.Params().Set(
         name='conv', filter_shape=p.filter_shape,
-        filter_stride=p.filter_stride, has_bias=False,
+        filter_stride=p.filter_stride, padding=p.padding, has_bias=False,
         params_init=HeInit())
     bn = p.bn_tpl.Copy().Set(name='bn', dim=p.filter_shape[3])
     act = layers.ActivationLayer.Params().Set(name='act',

@@ -134,19 +134,28 @@ def _ResNetLayers():
 
 
 def _AmoebaLayers():
-  """Stem, a reduction cell, a normal cell after it, head (dropout on).
+  """Stem, normal cell, aux head, reduction cell, normal cell, head.
 
-  Smaller than the smallest AmoebaNetD (3 normal and 2 reduction cells),
-  to keep the trace short, but it has both genotypes and reduce_prev.
+  Smaller than the smallest AmoebaNet (3 normal and 2 reduction cells), to
+  keep the trace short, but it has both of AmoebaNet-D's cells, a cell
+  without prev, one whose prev is 1x1-projected and one whose prev is
+  reduced, the auxiliary head, drop-path (mid burn-in at step 5) and
+  dropout.
   """
-  cell = amoebanet.AmoebaCell.Params().Set(filters=2, prev_dim=4, cur_dim=4)
+  cell = amoebanet.AmoebaCell.Params().Set(
+      filters=4, drop_path_keep_prob=0.6, drop_path_burn_in_steps=8)
   return [
-      amoebanet.AmoebaStem.Params().Set(name='stem', filters=4),
-      cell.Copy().Set(name='reduction', stride=2,
-                      genotype=amoebanet.REDUCTION_CELL),
-      cell.Copy().Set(name='normal', reduce_prev=True),
+      amoebanet.AmoebaStem.Params().Set(name='stem', filters=3),
+      cell.Copy().Set(name='normal0', prev_dim=0, cur_dim=3),
+      amoebanet.AmoebaAuxHead.Params().Set(
+          name='aux_head', input_dim=16, input_size=(6, 6),
+          num_classes=_CLASSES, scaling=0.05),
+      cell.Copy().Set(name='reduction', stride=2, prev_dim=3, cur_dim=16,
+                      spec=amoebanet.ops.AMOEBANET_D_REDUCTION),
+      cell.Copy().Set(name='normal1', prev_dim=16, cur_dim=12,
+                      reduce_prev=True),
       amoebanet.AmoebaHead.Params().Set(
-          name='head', input_dim=6, num_classes=_CLASSES, keep_prob=0.7)]
+          name='head', input_dim=16, num_classes=_CLASSES, keep_prob=0.7)]
 
 
 _NETWORKS = {
@@ -160,7 +169,8 @@ def _PipelinedTask(name, num_micro_batches):
   b = _BATCH // num_micro_batches
   shapes = tf.TensorShape([b, _SIZE, _SIZE, 3])
   if network_input != 'image':
-    shapes = NestedMap(image=shapes, example_keys=tf.TensorShape([b]))
+    shapes = NestedMap(image=shapes, example_keys=tf.TensorShape([b]),
+                       example_steps=tf.TensorShape([b]))
   network = model.GPipeNetworkParams(make(), 2, num_micro_batches, shapes)
   return _Classifier(network, network_input=network_input,
                      dtype=tf.float64, label_smoothing=0.1)
@@ -218,6 +228,8 @@ class PipelineExactnessTest(tf.test.TestCase, parameterized.TestCase):
     batch = _Batch()
     batch.image = tf.cast(batch.image, tf.float64)
     batch.example_keys = dropout.ExampleKeys(5, _BATCH)
+    for task in (pipe, ref):  # drop-path keeps 1 - 5/8 * 0.4 = 0.75
+      task.CreateTrainState().global_step.assign(5)
 
     def PipeLoss(batch):
       return pipe.FProp(pipe.theta, batch)[0]['loss'][0]
@@ -225,10 +237,10 @@ class PipelineExactnessTest(tf.test.TestCase, parameterized.TestCase):
     def RefLoss(batch):
       parts = [NestedMap(image=x, example_keys=k) for x, k in zip(
           tf.split(batch.image, m), tf.split(batch.example_keys, m))]
-      logits = tf.concat([ref.ComputePredictions(ref.theta, part).logits
-                          for part in parts], 0)
-      metrics, _ = ref.ComputeLoss(ref.theta, NestedMap(logits=logits),
-                                   batch)
+      per_part = [ref.ComputePredictions(ref.theta, part) for part in parts]
+      predictions = tf.nest.map_structure(lambda *t: tf.concat(t, 0),
+                                          *per_part)
+      metrics, _ = ref.ComputeLoss(ref.theta, predictions, batch)
       return metrics['loss'][0]
 
     pipe_loss, pipe_grads = _Grads(pipe, PipeLoss, batch)

@@ -17,7 +17,11 @@ except ImportError:  # run as a script: python tests/tasks/image/<this file>
 class TinyImageNetModelsTest(tiny_models.OneStepTestMixin,
                              tf.test.TestCase, parameterized.TestCase):
 
-  @parameterized.parameters(('image.imagenet.ResNet50_GPipe',))
+  @parameterized.parameters('image.imagenet.AmoebaNetB_18_512_GPipe',
+                            'image.imagenet.AmoebaNetD_18_208',
+                            'image.imagenet.AmoebaNetD_18_544_GPipe',
+                            'image.imagenet.AmoebaNetD_36_544_GPipe',
+                            'image.imagenet.ResNet50_GPipe')
   def testOneTrainStep(self, key):
     self.CheckOneTrainStep(key)
 

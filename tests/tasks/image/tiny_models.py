@@ -4,7 +4,8 @@ A tiny version is a subclass of the registered class with small sizes (the
 way users change sizes, see params/image/classifier_base.py), still split
 into K=2 partitions and M=2 micro-batches; everything else (optimizer,
 schedule, inputs, pipeline) is the registered model's. AmoebaNets also get
-cells of one combination each, to keep tracing short (their real cells are
+cells of one combination each and no auxiliary head (8x8 images are too
+small for it), to keep tracing short (their real cells and the head are
 checked in amoebanet_test and model_test). Inputs read
 `tfds.testing.mock_data`: random images of the dataset's shapes, so this
 checks the wiring, not the learning (training_test does).
@@ -21,12 +22,15 @@ import tensorflow_datasets as tfds
 
 from lingvo_pipe.core import base_model
 from lingvo_pipe.core import model_registry
+from lingvo_pipe.tasks.image import amoebanet
 
 TINY = dict(
     NUM_BLOCKS=(1, 1), WIDTHS=(4, 8), BASE_WIDTH=4,  # ResNets
-    NUM_CELLS=3, FILTERS=2,  # AmoebaNets
-    NORMAL_CELL=((('sep_conv_3x3', 0), ('identity', 1)),),
-    REDUCTION_CELL=((('max_pool_3x3', 0), ('conv_1x7_7x1', 1)),),
+    NUM_CELLS=3, FILTERS=4, STEM_FILTERS=4, AUX_HEAD=False,  # AmoebaNets
+    NORMAL_CELL=amoebanet.CellSpec(
+        ((('separable_3x3_2', 0), ('none', 1)),), (0, 2)),
+    REDUCTION_CELL=amoebanet.CellSpec(
+        ((('max_pool_2x2', 0), ('1x7_7x1', 1)),), (2,)),
     IMAGE_SIZE=8, BATCH_SIZE=4, EVAL_BATCH_SIZE=4, NUM_PARTITIONS=2,
     NUM_MICRO_BATCHES=2, MAX_STEPS=10, SHUFFLE_BUFFER_SIZE=4)
 
