@@ -15,7 +15,8 @@ set-ups as GPipe's Table 1:
 Families: --model=transformer grows the number of bench/gpipe Transformer
 encoder layers (d=128, ff=512, 4 heads, seq 64, batch 32); --model=
 amoebanet grows the filters D of lingvo_pipe.tasks.image.amoebanet's
-AmoebaNet-D (6, D) on 16x16 images, batch 32 (partitioned by flops).
+AmoebaNet-D (6, D) (the published cells, CIFAR stem) on 16x16 images,
+batch 32 (partitioned by flops).
 
 A device is a `tf.distribute.Server` process on 127.0.0.1 (`LocalWorkers`,
 one per partition; naive and pipeline-1 use one). Its memory is what
@@ -91,7 +92,7 @@ def _Describe(model: str) -> str:
             f'{t["hidden_dim"]}, {t["num_heads"]} heads, seq {t["seq_len"]}, '
             f'batch {t["batch"]}, float32')
   return (f'AmoebaNet-D ({_AMOEBA_CELLS}, D) of lingvo_pipe.tasks.image.'
-          f'amoebanet, {_AMOEBA_IMAGE}x{_AMOEBA_IMAGE}x3 images, batch '
+          f'amoebanet (CIFAR stem), {_AMOEBA_IMAGE}x{_AMOEBA_IMAGE}x3 images, batch '
           f'{_AMOEBA_BATCH}, float32')
 
 
