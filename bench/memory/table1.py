@@ -92,8 +92,8 @@ def _Describe(model: str) -> str:
             f'{t["hidden_dim"]}, {t["num_heads"]} heads, seq {t["seq_len"]}, '
             f'batch {t["batch"]}, float32')
   return (f'AmoebaNet-D ({_AMOEBA_CELLS}, D) of lingvo_pipe.tasks.image.'
-          f'amoebanet (CIFAR stem), {_AMOEBA_IMAGE}x{_AMOEBA_IMAGE}x3 images, batch '
-          f'{_AMOEBA_BATCH}, float32')
+          f'amoebanet (CIFAR stem), {_AMOEBA_IMAGE}x{_AMOEBA_IMAGE}x3 '
+          f'images, batch {_AMOEBA_BATCH}, float32')
 
 
 def _SizeStep(model: str, k: int) -> int:
