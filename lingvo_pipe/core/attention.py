@@ -186,6 +186,49 @@ class MultiHeadAttention(base_layer.BaseLayer):
     q = self._Project(theta, 'query', query_vec)
     k = self._Project(theta, 'key', key_vec)
     v = self._Project(theta, 'value', value_vec)
+    return self._Attend(theta, q, k, v, paddings, causal, example_keys)
+
+  def ProjectKeyValue(self, theta: NestedMap, source_vec: tf.Tensor
+                      ) -> NestedMap:
+    """NestedMap(key, value) [b, tk, h, dh] of source_vec: a cache that
+    ExtendStep attends to as it is (cross-attention while decoding)."""
+    return NestedMap(key=self._Project(theta, 'key', source_vec),
+                     value=self._Project(theta, 'value', source_vec))
+
+  def ExtendStep(self, theta: NestedMap, query_vec: tf.Tensor,
+                 cache: NestedMap, paddings: tf.Tensor,
+                 time_step: Optional[tf.Tensor] = None
+                 ) -> Tuple[tf.Tensor, NestedMap]:
+    """One decoding step: (encoded [b, 1, d], cache).
+
+    query_vec [b, 1, d]; cache NestedMap(key, value) [b, T, h, dh];
+    paddings [b, T] mask keys. With time_step (causal self-attention at
+    position time_step < T): the query's own key and value are written into
+    the cache at time_step and the keys after it are masked, so the result
+    equals row time_step of FProp(..., causal=True) over the whole prefix
+    while costing O(T) instead of O(T^2). Without: the cache is attended as
+    it is (ProjectKeyValue's). Eval only: no dropout.
+    """
+    q = self._Project(theta, 'query', query_vec)
+    if time_step is not None:
+      length = cache.key.shape[1]
+      at = tf.equal(tf.range(length), time_step)[tf.newaxis, :, tf.newaxis,
+                                                 tf.newaxis]
+      cache = NestedMap(
+          key=tf.where(at, self._Project(theta, 'key', query_vec), cache.key),
+          value=tf.where(at, self._Project(theta, 'value', query_vec),
+                         cache.value))
+      future = tf.cast(tf.range(length) > time_step, paddings.dtype)
+      paddings = tf.maximum(paddings, future[tf.newaxis])
+    encoded, _ = self._Attend(theta, q, cache.key, cache.value, paddings,
+                              False, None)
+    return encoded, cache
+
+  def _Attend(self, theta: NestedMap, q: tf.Tensor, k: tf.Tensor,
+              v: tf.Tensor, paddings: tf.Tensor, causal: bool,
+              example_keys: Optional[tf.Tensor]
+              ) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(encoded, probs) from projected q [b, tq, h, dh], k and v."""
     dh = self._hidden_dim // self.params.num_heads
     q *= tf.constant(1.0 / math.sqrt(dh), q.dtype)
     logits = tf.einsum('bind,bjnd->bnij', q, k)

@@ -166,6 +166,32 @@ class TransformerLayersTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllEqual(out[:, :t], out2[:, :t])
     self.assertNotAllClose(out[:, t:], out2[:, t:])
 
+  @parameterized.parameters((tf.float64, 1e-12), (tf.float32, 1e-5))
+  def testExtendStepEqualsTheFullForward(self, dtype, tol):
+    # Decoding one position at a time with cached keys and values gives
+    # row t of FProp over the whole target (no target paddings: decoding).
+    layer = _Build(_DEC, dtype=dtype)
+    layer.SetTraining(False)
+    inputs = _Inputs(True, dtype=dtype)
+    inputs.paddings = tf.zeros_like(inputs.paddings)
+    full = layer.FPropDefaultTheta(inputs).vec
+    max_length = _T + 2  # the cache may be longer than what is decoded
+    cache = layer.InitDecodeCache(layer.theta, inputs.encoder_vec,
+                                  max_length)
+    self.assertEqual([_B, max_length, _H, _D // _H],
+                     cache.self_kv.key.shape.as_list())
+    steps = []
+    for t in range(_T):
+      step = NestedMap(vec=inputs.vec[:, t:t + 1],
+                       encoder_paddings=inputs.encoder_paddings)
+      out, cache = layer.ExtendStep(layer.theta, step, cache, tf.constant(t))
+      self.assertIs(out.encoder_paddings, step.encoder_paddings)
+      steps.append(out.vec)
+    self.assertAllClose(full, tf.concat(steps, 1), atol=tol, rtol=0)
+    # The cache holds each position's self-attention key, zeros after.
+    self.assertAllEqual(tf.zeros([_B, 2, _H, _D // _H], dtype),
+                        cache.self_kv.key[:, _T:])
+
   @parameterized.named_parameters(*_CASES)
   def testPaddedPositionsDoNotLeak(self, cls, unused_ref, decoder):
     layer = _Build(cls)

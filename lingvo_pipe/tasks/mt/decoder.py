@@ -1,10 +1,13 @@
-"""Greedy decoding with static shapes: re-run the decoder on the prefix.
+"""Greedy decoding without a cache: re-run the decoder on the prefix.
 
-`GreedyDecode(logits_fn, batch_size, max_length, ...)` keeps the decoder
-inputs in one [b, T] buffer (T = max_length) and, at every step, runs the
-whole decoder over it. The decoder is causal, so the logits at position i
-depend only on inputs[:, :i+1], the prefix decoded so far; what sits after
-it (padding) cannot leak in:
+Decoding uses beam_search.py (cached, O(t) per step); this O(t^2) search
+stays as its reference, in tests and bench/decode.
+
+`GreedyDecodeUncached(logits_fn, batch_size, max_length, ...)` keeps the
+decoder inputs in one [b, T] buffer (T = max_length) and, at every step,
+runs the whole decoder over it. The decoder is causal, so the logits at
+position i depend only on inputs[:, :i+1], the prefix decoded so far; what
+sits after it (padding) cannot leak in:
 
   inputs = [<s>, <pad>, ..., <pad>]                       [b, T]
   for i in 0 .. T-1, while some row has not emitted </s>:
@@ -14,7 +17,7 @@ it (padding) cannot leak in:
     out[:, i] = token;  inputs[:, i+1] = token
     score += log_softmax(logits[:, i])[token]   (rows not yet done)
 
-That is O(T^2) decoder positions instead of O(T) with a cache, but every
+That is O(T^2) decoder positions instead of O(T) with a cache; every
 shape is static and the loop is a `tf.while_loop` (plain TF, no AutoGraph):
 the graph holds one copy of the decoder whatever T is. It runs the same
 eagerly and inside `tf.function(autograph=False)`.
@@ -44,7 +47,7 @@ def _SetColumn(buffer: tf.Tensor, index: tf.Tensor,
   return tf.where(at, values[:, tf.newaxis], buffer)
 
 
-def GreedyDecode(logits_fn: LogitsFn, batch_size: int, max_length: int,
+def GreedyDecodeUncached(logits_fn: LogitsFn, batch_size: int, max_length: int,
                  sos_id: int = tokenizer.SOS_ID,
                  eos_id: int = tokenizer.EOS_ID,
                  pad_id: int = tokenizer.PAD_ID,
@@ -70,7 +73,7 @@ def GreedyDecode(logits_fn: LogitsFn, batch_size: int, max_length: int,
   """
   if not isinstance(max_length, int) or max_length < 1:
     raise ValueError(
-        f'GreedyDecode: max_length={max_length!r} must be an int >= 1.')
+        f'GreedyDecodeUncached: max_length={max_length!r} must be an int >= 1.')
   b, t = batch_size, max_length
   inputs = tf.fill([b, t], tf.constant(pad_id, tf.int32))
   inputs = _SetColumn(inputs, tf.constant(0), tf.fill([b], sos_id))

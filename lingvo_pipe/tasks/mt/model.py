@@ -8,8 +8,10 @@
     logits = out.vec @ emb^T                                     [b, t, V]
   ComputeLoss: label-smoothed cross-entropy, mean over non-padded target
     tokens; also log_pplx (without smoothing) and token_accuracy.
-  Decode: greedy (decoder.py), the encoder run once, the switch and the
-    decoder re-run over the growing prefix; hyp_ids [b, T], ref_ids.
+  Decode: beam search (beam_search.py) over cached decoder steps: the
+    encoder runs once, each decoder layer keeps its keys and values, so
+    step t costs O(t); every layer on its partition's device (no
+    micro-batches). hyp_ids [b, T], ref_ids.
 
 `stack` is the network of transformer.py: a PipeliningLayer over encoder,
 switch and decoder layers (GPipe), or the same layers in a SequentialLayer.
@@ -26,7 +28,7 @@ Batches are MTInput's (input_generator.py): src.ids, src.paddings, tgt.ids
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -39,6 +41,7 @@ from lingvo_pipe.core import gpipe
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import layers
 from lingvo_pipe.core.nested_map import NestedMap
+from lingvo_pipe.tasks.mt import beam_search
 from lingvo_pipe.tasks.mt import bleu
 from lingvo_pipe.tasks.mt import decoder
 from lingvo_pipe.tasks.mt import transformer
@@ -67,6 +70,15 @@ class TransformerMT(base_model.BaseTask):
     p.Define('max_decode_length', None,
              'Tokens decoded per sentence (</s> included); None: the '
              "batch's target length.")
+    p.Define('beam_size', 4, 'Hypotheses kept per sentence; 1 is greedy '
+             '(with length_alpha 0).')
+    p.Define('length_alpha', 0.6,
+             'Length normalisation: scores are log-probability / ((5 + '
+             'length) / 6) ** alpha (0.6 in the Transformer paper).')
+    p.Define('decode_cache', True,
+             'Decode with cached keys and values (O(t) per step); False '
+             're-runs the decoder over the prefix (greedy only; for '
+             'comparisons).')
     return p
 
   def __init__(self, params: hyperparams.Params) -> None:
@@ -94,6 +106,16 @@ class TransformerMT(base_model.BaseTask):
       raise ValueError(
           f'{where}: max_decode_length={p.max_decode_length} must be >= 1 '
           'or None.')
+    if not isinstance(p.beam_size, int) or p.beam_size < 1:
+      raise ValueError(f'{where}: beam_size={p.beam_size!r} must be an int '
+                       '>= 1.')
+    if p.length_alpha < 0:
+      raise ValueError(f'{where}: length_alpha={p.length_alpha} must be >= '
+                       '0.')
+    if not p.decode_cache and (p.beam_size != 1 or p.length_alpha):
+      raise ValueError(
+          f'{where}: decode_cache=False decodes greedily; set beam_size=1 '
+          'and length_alpha=0, or decode_cache=True.')
     emb_init = base_layer.WeightInit.Gaussian(p.model_dim**-0.5)
     names = ['emb'] if p.shared_embedding else ['src_emb', 'tgt_emb']
     sizes = [p.src_vocab_size, p.tgt_vocab_size]
@@ -198,14 +220,15 @@ class TransformerMT(base_model.BaseTask):
     return metrics, per_example
 
   def Decode(self, theta: NestedMap, input_batch: NestedMap) -> NestedMap:
-    """Greedy decoding (decoder.py); every output shape is static.
+    """Beam search (p.beam_size, p.length_alpha); static output shapes.
 
     Returns:
       NestedMap(hyp_ids int32 [b, T], hyp_lengths int32 [b], scores [b]
-      (sum of log-probabilities, float32), src_ids [b, s] and, if the
-      batch has a target, ref_ids [b, t] (tgt.labels)); T is
+      (log-probability over the length penalty, float32), src_ids [b, s]
+      and, if the batch has a target, ref_ids [b, t] (tgt.labels)); T is
       p.max_decode_length or the target length t.
     """
+    p = self.params
     src = input_batch.src
     max_length = self._DecodeLength(input_batch)
     batch_size = src.ids.shape[0]
@@ -215,22 +238,69 @@ class TransformerMT(base_model.BaseTask):
           'use drop_remainder batches (MTInput does).')
     encoder_steps, decoder_steps = transformer.SplitAtSwitch(
         transformer.StackSteps(self.stack, theta.stack))
-    keys = input_batch.get('example_keys')
     encoded = transformer.RunSteps(
-        encoder_steps, self._SourceState(theta, src, keys))
-    no_paddings = tf.zeros([batch_size, max_length], src.paddings.dtype)
+        encoder_steps, self._SourceState(theta, src,
+                                         input_batch.get('example_keys')))
+    if p.decode_cache:
+      hyps = self._BeamSearch(theta, encoded, decoder_steps, batch_size,
+                              max_length)
+    else:
+      no_paddings = tf.zeros([batch_size, max_length], src.paddings.dtype)
 
-    def LogitsFn(prefix_ids: tf.Tensor) -> tf.Tensor:
-      state = self._AddTarget(theta, encoded, prefix_ids, no_paddings)
-      out = transformer.RunSteps(decoder_steps, state)
-      return self._Logits(theta, out.vec)
+      def LogitsFn(prefix_ids: tf.Tensor) -> tf.Tensor:
+        state = self._AddTarget(theta, encoded, prefix_ids, no_paddings)
+        out = transformer.RunSteps(decoder_steps, state)
+        return self._Logits(theta, out.vec)
 
-    hyps = decoder.GreedyDecode(LogitsFn, batch_size, max_length)
+      hyps = decoder.GreedyDecodeUncached(LogitsFn, batch_size, max_length)
     out = NestedMap(hyp_ids=hyps.ids, hyp_lengths=hyps.lengths,
                     scores=hyps.scores, src_ids=src.ids)
     if 'tgt' in input_batch:
       out.ref_ids = input_batch.tgt.labels
     return out
+
+  def _BeamSearch(self, theta: NestedMap, encoded: NestedMap,
+                  decoder_steps: List[transformer.Step], batch_size: int,
+                  max_length: int) -> NestedMap:
+    """beam_search.BeamSearch over the decoder layers' ExtendStep."""
+    p = self.params
+    k = p.beam_size
+    switch_device, switch, switch_theta = decoder_steps[0]
+    with tf.device(switch_device):
+      memory = NestedMap(
+          encoder_vec=tf.repeat(switch.EncoderOutput(switch_theta, encoded),
+                                k, axis=0),
+          encoder_paddings=tf.repeat(encoded.paddings, k, axis=0))
+    caches = []
+    for device, layer, layer_theta in decoder_steps[1:]:
+      with tf.device(device):
+        caches.append(layer.InitDecodeCache(
+            layer_theta, memory.encoder_vec, max_length)
+                      if hasattr(layer, 'ExtendStep') else NestedMap())
+
+    def Step(ids: tf.Tensor, t: tf.Tensor,
+             caches: List[NestedMap]) -> Tuple[tf.Tensor, List[NestedMap]]:
+      with tf.device(self._Device(0)):
+        name = self._Table('tgt')
+        vec = self.children[name].EmbLookup(theta[name], ids[:, tf.newaxis])
+        vec += self.pos_emb.FProp(theta.pos_emb,
+                                  positions=tf.fill([ids.shape[0], 1], t))
+      state = NestedMap(memory, vec=vec,
+                        paddings=tf.zeros([ids.shape[0], 1], vec.dtype))
+      new_caches = []
+      for (device, layer, layer_theta), cache in zip(decoder_steps[1:],
+                                                     caches):
+        with tf.device(device):
+          if hasattr(layer, 'ExtendStep'):
+            state, cache = layer.ExtendStep(layer_theta, state, cache, t)
+          else:
+            state = layer.FProp(layer_theta, state)
+        new_caches.append(cache)
+      logits = self._Logits(theta, state.vec)[:, 0]
+      return tf.nn.log_softmax(tf.cast(logits, tf.float32)), new_caches
+
+    return beam_search.BeamSearch(Step, caches, batch_size, k, max_length,
+                                  p.length_alpha)
 
   def _DecodeLength(self, input_batch: NestedMap) -> int:
     if self.params.max_decode_length is not None:

@@ -124,6 +124,10 @@ class EncoderDecoderSwitch(_LayerNormStage):
       out.example_keys = inputs.example_keys
     return out
 
+  def EncoderOutput(self, theta: NestedMap, inputs: NestedMap) -> tf.Tensor:
+    """LN(inputs.vec): FProp's encoder_vec, without a target (decoding)."""
+    return self.ln.FProp(theta.ln, inputs.vec)
+
   @classmethod
   def FPropMeta(cls, params: hyperparams.Params, inputs: Any) -> NestedMap:
     shapes = NestedMap(inputs).Transform(tf.TensorShape)

@@ -58,7 +58,7 @@ class GreedyDecodeTest(tf.test.TestCase, parameterized.TestCase):
 
   def testDecodesTheCounterAndStopsWhenAllRowsEnd(self):
     counter = Counter()
-    out = decoder.GreedyDecode(counter, 3, 10)
+    out = decoder.GreedyDecodeUncached(counter, 3, 10)
     self.assertAllEqual(_Expected(10), out.ids)
     self.assertAllEqual([4, 7, 2], out.lengths)
     # Row 1 emits </s> at step 6: 7 calls, not 10.
@@ -72,12 +72,12 @@ class GreedyDecodeTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(np.array([4, 7, 2]) * step_logp, out.scores)
 
   def testTruncatesAtMaxLength(self):
-    out = decoder.GreedyDecode(Counter(), 3, 5)
+    out = decoder.GreedyDecodeUncached(Counter(), 3, 5)
     self.assertAllEqual(_Expected(5), out.ids)  # Row 1 has no </s>.
     self.assertAllEqual([4, 5, 2], out.lengths)
 
   def testSameInAGraphWithStaticShapes(self):
-    fn = tf.function(lambda: decoder.GreedyDecode(Counter(), 3, 10),
+    fn = tf.function(lambda: decoder.GreedyDecodeUncached(Counter(), 3, 10),
                      autograph=False)
     out = fn()
     self.assertAllEqual(_Expected(10), out.ids)
@@ -88,7 +88,7 @@ class GreedyDecodeTest(tf.test.TestCase, parameterized.TestCase):
 
   def testBadMaxLength(self):
     with self.assertRaisesRegex(ValueError, 'max_length=0'):
-      decoder.GreedyDecode(Counter(), 3, 0)
+      decoder.GreedyDecodeUncached(Counter(), 3, 0)
 
   @parameterized.parameters(
       ([5, 6, 2, 7, 0], [5, 6]),

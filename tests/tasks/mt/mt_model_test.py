@@ -179,7 +179,7 @@ class CausalityTest(tf.test.TestCase, parameterized.TestCase):
                         task.ComputePredictions(task.theta, changed).logits)
 
 
-class DecodeTest(tf.test.TestCase):
+class DecodeTest(tf.test.TestCase, parameterized.TestCase):
 
   def testStaticShapesInAGraph(self):
     task = _Task(_Pipelined(), dtype=tf.float32, max_decode_length=7)
@@ -196,8 +196,9 @@ class DecodeTest(tf.test.TestCase):
     self.assertEqual(fn(batch).hyp_ids.shape, [_B, 7])
 
   def testDecodeRunsTheSameLayersAsTraining(self):
-    # Teacher forcing with the decoded prefix gives the decoded tokens.
-    task = _Task(_Pipelined(), max_decode_length=_T)
+    # Teacher forcing with the greedily decoded prefix gives its tokens.
+    task = _Task(_Pipelined(), max_decode_length=_T, beam_size=1,
+                 length_alpha=0.0)
     task.SetTraining(False)
     batch = _Batch()
     hyp = task.Decode(task.theta, batch).hyp_ids.numpy()
@@ -210,7 +211,50 @@ class DecodeTest(tf.test.TestCase):
     done = np.cumsum(hyp == _EOS, 1) - (hyp == _EOS) > 0
     self.assertAllEqual(np.where(done, 0, logits.argmax(-1)), hyp)
 
+  @parameterized.parameters(1, 2)
+  def testCachedGreedyEqualsUncached(self, k):
+    # Same weights (same seeds and names); K=1 is a plain SequentialLayer.
+    stack = (_Pipelined() if k == 2 else
+             transformer.SequentialStack(_Layers()))
+    greedy = dict(max_decode_length=7, beam_size=1, length_alpha=0.0)
+    cached = _Task(stack, **greedy)
+    uncached = _Task(stack, decode_cache=False, **greedy)
+    batch = _Batch()
+    a = cached.DecodeStep(batch)
+    b = uncached.DecodeStep(batch)
+    self.assertAllEqual(b.hyp_ids, a.hyp_ids)
+    self.assertAllEqual(b.hyp_lengths, a.hyp_lengths)
+    self.assertAllClose(b.scores, a.scores, atol=1e-5, rtol=0)
+
+  def testBeamIsAtLeastAsProbableAsGreedy(self):
+    # Scores with alpha 0 are log-probabilities: check them by teacher
+    # forcing, and that the beam's are at least greedy's.
+    batch = _Batch(seed=2)
+    outs = {}
+    for k in (1, 4):
+      task = _Task(_Pipelined(), max_decode_length=_T, beam_size=k,
+                   length_alpha=0.0)
+      out = task.DecodeStep(batch)
+      forced = _Batch(seed=2)
+      hyp = out.hyp_ids.numpy()
+      forced.tgt.ids = tf.constant(np.concatenate(
+          [np.full([_B, 1], _SOS), hyp[:, :-1]], 1).astype(np.int32))
+      forced.tgt.paddings = tf.zeros([_B, _T])
+      with task._Mode(training=False):  # pylint: disable=protected-access
+        logits = task.ComputePredictions(task.theta, forced).logits
+      logp = tf.gather(tf.nn.log_softmax(logits), hyp, batch_dims=2)
+      mask = np.arange(_T)[None] < out.hyp_lengths.numpy()[:, None]
+      # Scores are summed in float32.
+      self.assertAllClose(np.sum(logp.numpy() * mask, 1), out.scores,
+                          atol=1e-5, rtol=0)
+      outs[k] = out.scores.numpy()
+    self.assertTrue(np.all(outs[4] >= outs[1] - 1e-5), outs)
+
   def testParamErrors(self):
+    with self.assertRaisesRegex(ValueError, 'decode_cache=False decodes'):
+      _Task(_Pipelined(), decode_cache=False)
+    with self.assertRaisesRegex(ValueError, 'beam_size=0'):
+      _Task(_Pipelined(), beam_size=0)
     with self.assertRaisesRegex(ValueError, 'shared_embedding'):
       _Task(_Pipelined(), tgt_vocab_size=_V + 1)
     with self.assertRaisesRegex(ValueError, 'set p.stack'):
