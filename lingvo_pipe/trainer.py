@@ -22,7 +22,11 @@ that is unreachable, too few tasks, a server of another cluster, or a
 worker lost mid-run ends the run with one line naming the task.
 
 Layout of the logdir: `params.txt` (the final params), `train/` (checkpoints
-and training summaries), `eval_<dataset>/`, `decode_<dataset>/` (summaries).
+and training summaries), `eval_<dataset>/`, `decode_<dataset>/` (summaries),
+`decoder_<dataset>/step_<N>.*` (what the task's DecodeFinalize writes: for
+translation the sources, hypotheses and references as text), `vocab.txt`
+(a vocabulary built from the training data, for models whose inputs and
+task leave vocab_file unset).
 This is the only module that defines flags.
 """
 
@@ -112,6 +116,7 @@ def _CheckRequired(values) -> bool:
   return bool(values['model'] and values['logdir'])
 
 _DATASETS = ('train', 'dev', 'test')
+VOCAB_FILE = 'vocab.txt'  # in the logdir (VocabularyInLogdir)
 
 
 class TrainingStopped(Exception):
@@ -138,6 +143,19 @@ def LoadParams(model: str, override_text: str = '',
       if input_p is not None and 'data_dir' in input_p:
         input_p.data_dir = data_dir
   return p
+
+
+def VocabularyInLogdir(p: Any, logdir: str) -> None:
+  """Every `vocab_file` left None (inputs and task) -> <logdir>/vocab.txt.
+
+  The first job that reads the training data builds the vocabulary there;
+  every other job of the run (and a resumed run) reads the same file.
+  """
+  path = os.path.join(logdir, VOCAB_FILE)
+  for name in ('task',) + tuple(f'{d}_input' for d in _DATASETS):
+    sub = p.Get(name)
+    if sub is not None and 'vocab_file' in sub and sub.vocab_file is None:
+      sub.vocab_file = path
 
 
 def CheckReplicas(p: Any) -> None:
@@ -388,6 +406,10 @@ class Runner:
     self._WriteScalars(f'decode_{dataset}', step, values)
     print(f'decode {dataset} at step {step}: ' + '  '.join(
         f'{k} {v:.4f}' for k, v in sorted(values.items())), flush=True)
+    line = self._task.DecodeFinalize(metrics, os.path.join(
+        self._logdir, f'decoder_{dataset}', f'step_{step}'))
+    if line:
+      print(f'  {line}', flush=True)
     return values
 
   def Follow(self, job: str) -> None:
@@ -420,6 +442,7 @@ def _Run() -> None:
                  FLAGS.model_params_file_override, FLAGS.data_dir,
                  FLAGS.num_replicas)
   os.makedirs(FLAGS.logdir, exist_ok=True)
+  VocabularyInLogdir(p, FLAGS.logdir)
   with contextlib.ExitStack() as stack:
     spec_text = FLAGS.cluster_spec
     if not spec_text and FLAGS.run_locally == 'processes':

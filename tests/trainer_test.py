@@ -309,6 +309,17 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
       self.assertLen(scalars, 1)
       self.assertEqual([s for s, _ in list(scalars.values())[0]], [40])
 
+  def testVocabularyGoesToTheLogdir(self):
+    from lingvo_pipe import trainer  # pylint: disable=g-import-not-at-top
+    from lingvo_pipe.core import model_registry  # pylint: disable=g-import-not-at-top
+    p = model_registry.GetParams('mt.synthetic.TransformerTinyGPipe')
+    p.test_input.vocab_file = '/given/vocab.txt'
+    trainer.VocabularyInLogdir(p, '/run')
+    self.assertEqual('/run/vocab.txt', p.task.vocab_file)
+    self.assertEqual('/run/vocab.txt', p.train_input.vocab_file)
+    self.assertEqual('/run/vocab.txt', p.dev_input.vocab_file)
+    self.assertEqual('/given/vocab.txt', p.test_input.vocab_file)  # kept
+
   def testUnknownModelSaysWhatExists(self):
     result = self._Run(self.create_tempdir().full_path,
                        model='lp_user_models.Tinny')

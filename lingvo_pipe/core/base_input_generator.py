@@ -141,7 +141,11 @@ class BaseInputGenerator:
     """
     p = self._params
     download = p.download or IsLocalBuilder(p.dataset_name)
-    read_config = tfds.ReadConfig(shuffle_seed=p.seed)
+    # TFDS caches small datasets in memory; an evaluation reading part of
+    # one drops the cache with a warning at every evaluation. Only inputs
+    # that repeat (training) read whole passes.
+    read_config = tfds.ReadConfig(shuffle_seed=p.seed,
+                                  try_autocache=bool(p.repeat))
     try:
       dataset, info = tfds.load(
           p.dataset_name, split=split, data_dir=p.data_dir,

@@ -223,6 +223,14 @@ class BaseTask(base_layer.BaseLayer):
     """Updates `metrics` from one batch of Decode output (numpy)."""
     del decode_out, metrics
 
+  def DecodeFinalize(self, metrics: Dict[str, Any],
+                     path_prefix: str) -> Optional[str]:
+    """After a decoding pass: write what was decoded to files starting with
+    path_prefix (in the logdir) and return one line for the console, or
+    None. The default writes nothing."""
+    del metrics, path_prefix
+    return None
+
   @classmethod
   def NumDevicesNeededFromParams(cls, task_params: hyperparams.Params) -> int:
     return NumDevicesNeeded(task_params)

@@ -152,7 +152,11 @@ class Checkpointer:
                         'the input starts over.', path, first)
         self._NewIterator()
         self._manager = self._Manager(self._with_input)
-    self._variables.read(path).assert_existing_objects_matched()
+    status = self._variables.read(path)
+    status.assert_existing_objects_matched()
+    # What the checkpoint holds beyond (the input position, its save
+    # counter) is not wanted here: no warnings about it at exit.
+    status.expect_partial()
 
 
 def StepOf(path: str) -> int:

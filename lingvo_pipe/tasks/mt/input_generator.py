@@ -19,10 +19,12 @@ Each batch is a NestedMap (t = max_length, Lingvo's conventions):
 A sentence longer than max_length - 1 words is truncated so that the </s>
 (and <s>) still fit.
 
-One word-level vocabulary (tokenizer.py) serves both sides. It is read from
-p.vocab_file or, if that is None, built from p.vocab_split (both sides) and
-cached as <data_dir>/lingvo_pipe_vocab/<dataset>.<split>.<src>-<tgt>.<max
-size>.txt; delete that file to rebuild it.
+One vocabulary (tokenizer.py) serves both sides. It is read from
+p.vocab_file if that exists, else built from p.vocab_split (both sides)
+and written there; with p.vocab_file None, the file is
+<data_dir>/lingvo_pipe_vocab/<dataset>.<split>.<src>-<tgt>.<max size>.txt.
+The trainer sets it to <logdir>/vocab.txt, so every job of a run reads the
+vocabulary the first one built. Delete the file to rebuild it.
 
 Importing this module registers lingvo_pipe_synthetic_translation with TFDS.
 """
@@ -33,6 +35,7 @@ import os
 import re
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+from absl import logging
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -59,8 +62,9 @@ class MTInput(base_input_generator.BaseInputGenerator):
              'Length of every id sequence: longer sentences are truncated, '
              'shorter ones padded.')
     p.Define('vocab_file', None,
-             'Vocabulary file (tokenizer.py format); None builds one from '
-             'vocab_split and caches it under data_dir.')
+             'Vocabulary file (tokenizer.py format), read if it exists, '
+             'else built from vocab_split and written there; None: under '
+             'data_dir (the trainer puts it in the logdir).')
     p.Define('vocab_split', 'train',
              'Split the vocabulary is built from when vocab_file is None.')
     p.Define('max_vocab_size', 32000,
@@ -102,13 +106,12 @@ class MTInput(base_input_generator.BaseInputGenerator):
     p = self.params
     path = self.VocabFile()
     if tf.io.gfile.exists(path):
-      return tokenizer_lib.Tokenizer.FromFile(path)
-    if p.vocab_file:
-      self._Fail(f'p.vocab_file {path!r} does not exist; set it to an '
-                 'existing vocabulary file, or None to build one.')
+      return tokenizer_lib.Load(path)
     tokenizer = tokenizer_lib.Tokenizer.FromTexts(
         self._Texts(), max_vocab_size=p.max_vocab_size)
     tokenizer.Save(path)
+    logging.info('Built a vocabulary of %d ids from %s %s into %s.',
+                 tokenizer.VocabSize(), p.dataset_name, p.vocab_split, path)
     return tokenizer
 
   def _Texts(self) -> Iterator[bytes]:

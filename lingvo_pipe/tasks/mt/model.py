@@ -18,9 +18,11 @@ switch and decoder layers (GPipe), or the same layers in a SequentialLayer.
 The embedding table(s) and the tied softmax are outside it; embeddings are
 computed on the stack's first device, logits on its last.
 
-Decoder metrics: corpus BLEU-4 over token ids (bleu.py; the vocabulary is
-word-level, so that is word BLEU with out-of-vocabulary words as <unk>) and
-the fraction of sentences decoded exactly.
+Decoder metrics: sacreBLEU (bleu.py) on text detokenised with the inputs'
+vocabulary (p.vocab_file; without one, on id strings, not comparable with
+anything) and the fraction of sentences decoded exactly. DecodeFinalize
+writes the sources, hypotheses and references as text files and returns
+the score with sacreBLEU's signature.
 
 Batches are MTInput's (input_generator.py): src.ids, src.paddings, tgt.ids
 (<s> first), tgt.labels (</s> last), tgt.paddings.
@@ -28,7 +30,8 @@ Batches are MTInput's (input_generator.py): src.ids, src.paddings, tgt.ids
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -44,6 +47,7 @@ from lingvo_pipe.core.nested_map import NestedMap
 from lingvo_pipe.tasks.mt import beam_search
 from lingvo_pipe.tasks.mt import bleu
 from lingvo_pipe.tasks.mt import decoder
+from lingvo_pipe.tasks.mt import tokenizer
 from lingvo_pipe.tasks.mt import transformer
 
 
@@ -75,6 +79,9 @@ class TransformerMT(base_model.BaseTask):
     p.Define('length_alpha', 0.6,
              'Length normalisation: scores are log-probability / ((5 + '
              'length) / 6) ** alpha (0.6 in the Transformer paper).')
+    p.Define('vocab_file', None,
+             "The inputs' vocabulary file (tokenizer.Load): decoding "
+             'detokenises with it for BLEU; None scores id strings.')
     p.Define('decode_cache', True,
              'Decode with cached keys and values (O(t) per step); False '
              're-runs the decoder over the prefix (greedy only; for '
@@ -129,6 +136,7 @@ class TransformerMT(base_model.BaseTask):
       self.CreateChild(f'{side}_dropout', dropout.DropoutLayer.Params().Set(
           keep_prob=1.0 - p.input_dropout_prob))
     self.CreateChild('stack', p.stack)
+    self._tokenizer: Optional[Any] = None  # for decoding, on first use
 
   # ---- pieces ---------------------------------------------------------------
 
@@ -311,19 +319,44 @@ class TransformerMT(base_model.BaseTask):
           'has no target of static length to take it from.')
     return int(input_batch.tgt.ids.shape[1])
 
+  def _Detokenizer(self) -> Callable[[np.ndarray], List[str]]:
+    """ids [n, T] -> n texts: the vocabulary's, or the ids as words."""
+    if self._tokenizer is None and self.params.vocab_file:
+      self._tokenizer = tokenizer.Load(self.params.vocab_file)
+    tok = self._tokenizer
+    if tok is None:
+      return lambda rows: [' '.join(map(str, decoder.TrimIds(r)))
+                           for r in rows]
+    return lambda rows: [t.decode('utf-8') for t in tok.Decode(
+        np.asarray(rows)).numpy().tolist()]
+
   def CreateDecoderMetrics(self) -> Dict[str, Any]:
-    """corpus_bleu (0-100, over token ids) and exact_match (fraction)."""
-    return {'corpus_bleu': bleu.CorpusBleuMetric(),
+    """bleu (sacreBLEU, 0-100) and exact_match (fraction)."""
+    return {'bleu': bleu.SacreBleuMetric(),
             'exact_match': base_model.AverageMetric()}
 
   def PostProcessDecodeOut(self, decode_out: Dict[str, Any],
                            metrics: Dict[str, Any]) -> None:
     """Adds each decoded sentence (up to </s>) against its reference."""
-    hyps = np.asarray(decode_out['hyp_ids'])
-    refs = np.asarray(decode_out['ref_ids'])
-    for hyp_row, ref_row in zip(hyps, refs):
-      hyp = decoder.TrimIds(hyp_row)
-      ref = decoder.TrimIds(ref_row)
-      metrics['corpus_bleu'].AddSentence(hyp, ref)
-      metrics['exact_match'].Update(float(hyp == ref))
+    detok = self._Detokenizer()
+    hyps = detok(decode_out['hyp_ids'])
+    refs = detok(decode_out['ref_ids'])
+    srcs = detok(decode_out['src_ids'])
+    for hyp, ref, src, hyp_row, ref_row in zip(
+        hyps, refs, srcs, decode_out['hyp_ids'], decode_out['ref_ids']):
+      metrics['bleu'].Add(hyp, ref, src)
+      metrics['exact_match'].Update(
+          float(decoder.TrimIds(hyp_row) == decoder.TrimIds(ref_row)))
 
+  def DecodeFinalize(self, metrics: Dict[str, Any],
+                     path_prefix: str) -> Optional[str]:
+    """Writes <prefix>.src.txt, .hyp.txt, .ref.txt; returns the BLEU line."""
+    metric = metrics['bleu']
+    tf.io.gfile.makedirs(os.path.dirname(path_prefix))
+    for suffix, lines in zip(('src', 'hyp', 'ref'), metric.Texts()):
+      with tf.io.gfile.GFile(f'{path_prefix}.{suffix}.txt', 'w') as f:
+        f.write(''.join(line + '\n' for line in lines))
+    on = 'text' if self.params.vocab_file else 'id strings (no vocab_file)'
+    return (f'sacreBLEU {metric.value:.2f} on {metric.total_weight} '
+            f'sentences ({on}), signature {metric.signature}; '
+            f'hypotheses in {path_prefix}.hyp.txt')

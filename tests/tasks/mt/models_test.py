@@ -117,7 +117,7 @@ class RegisteredMTModelsTest(tf.test.TestCase, parameterized.TestCase):
     metrics = task.CreateDecoderMetrics()
     task.PostProcessDecodeOut(
         tf.nest.map_structure(lambda t: t.numpy(), decoded), metrics)
-    self.assertBetween(metrics['corpus_bleu'].value, 0.0, 100.0)
+    self.assertBetween(metrics['bleu'].value, 0.0, 100.0)
     self.assertEqual(4, metrics['exact_match'].total_weight)
 
 

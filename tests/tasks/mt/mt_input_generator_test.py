@@ -140,11 +140,15 @@ class MTInputTest(tf.test.TestCase, parameterized.TestCase):
     ex = _Examples(inp)[0]
     self.assertContainsSubset(ex.src.ids.tolist(), {0, 2, 3, 4, 5, 6})
 
-  def testMissingVocabFileIsAnError(self):
-    inp = _Params(self.data_dir, vocab_file='/no/such/vocab.txt').Instantiate()
-    with self.assertRaisesRegex(ValueError, "p.vocab_file '/no/such/vocab.txt'"
-                                ' does not exist'):
-      inp.GetDataset()
+  def testMissingVocabFileIsBuiltThere(self):
+    # A run's jobs share the file: the first builds it, the others read it.
+    path = os.path.join(self.create_tempdir().full_path, 'run', 'vocab.txt')
+    first = _Params(self.data_dir, vocab_file=path).Instantiate()
+    built = first.tokenizer.Tokens()
+    self.assertTrue(os.path.exists(path))
+    self.assertEqual(built, tokenizer.Load(path).Tokens())
+    second = _Params(self.data_dir, vocab_file=path).Instantiate()
+    self.assertEqual(built, second.tokenizer.Tokens())
 
   def testSeededShuffleIsDeterministic(self):
     def Ids(seed):

@@ -4,11 +4,13 @@ Exactness checks run eagerly in float64: tracing is what costs time here.
 decoder_test.py trains a tiny model and checks what it decodes.
 """
 
+import os
 import re
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
+import sacrebleu
 import tensorflow as tf
 
 from lingvo_pipe.core import devices
@@ -249,6 +251,33 @@ class DecodeTest(tf.test.TestCase, parameterized.TestCase):
                           atol=1e-5, rtol=0)
       outs[k] = out.scores.numpy()
     self.assertTrue(np.all(outs[4] >= outs[1] - 1e-5), outs)
+
+  def testDecoderWritesTextsAndScoresThemWithSacreBleu(self):
+    tmp = self.create_tempdir().full_path
+    vocab = tokenizer.Tokenizer(list(tokenizer.SPECIAL_TOKENS) +
+                                [f'w{i}.' for i in range(_V - 4)])
+    vocab.Save(os.path.join(tmp, 'vocab.txt'))
+    task = _Task(_Pipelined(), max_decode_length=_T,
+                 vocab_file=os.path.join(tmp, 'vocab.txt'))
+    batch = _Batch()
+    out = tf.nest.map_structure(lambda t: t.numpy(), task.DecodeStep(batch))
+    metrics = task.CreateDecoderMetrics()
+    task.PostProcessDecodeOut(out, metrics)
+    prefix = os.path.join(tmp, 'decoder_test', 'step_7')
+    line = task.DecodeFinalize(metrics, prefix)
+    texts = {}
+    for suffix in ('src', 'hyp', 'ref'):
+      with open(f'{prefix}.{suffix}.txt', encoding='utf-8') as f:
+        texts[suffix] = f.read().splitlines()
+    decode = lambda ids: [t.decode() for t in vocab.Decode(ids).numpy()]  # noqa: E731
+    self.assertEqual(decode(batch.tgt.labels), texts['ref'])
+    self.assertEqual(decode(batch.src.ids), texts['src'])
+    self.assertEqual(decode(out.hyp_ids), texts['hyp'])
+    want = sacrebleu.corpus_bleu(texts['hyp'], [texts['ref']]).score
+    self.assertEqual(want, metrics['bleu'].value)
+    self.assertIn(f'sacreBLEU {want:.2f} on {_B} sentences (text)', line)
+    self.assertIn('signature nrefs:1|case:mixed|eff:no|tok:13a', line)
+    self.assertIn(f'{prefix}.hyp.txt', line)
 
   def testParamErrors(self):
     with self.assertRaisesRegex(ValueError, 'decode_cache=False decodes'):
