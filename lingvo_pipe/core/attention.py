@@ -212,12 +212,16 @@ class MultiHeadAttention(base_layer.BaseLayer):
     q = self._Project(theta, 'query', query_vec)
     if time_step is not None:
       length = cache.key.shape[1]
-      at = tf.equal(tf.range(length), time_step)[tf.newaxis, :, tf.newaxis,
-                                                 tf.newaxis]
+      # Row time_step of every example; a scatter update can reuse the
+      # cache's buffer in a loop, where tf.where would copy all T rows.
+      rows = tf.stack([tf.range(tf.shape(query_vec)[0]),
+                       tf.fill([tf.shape(query_vec)[0]], time_step)], 1)
       cache = NestedMap(
-          key=tf.where(at, self._Project(theta, 'key', query_vec), cache.key),
-          value=tf.where(at, self._Project(theta, 'value', query_vec),
-                         cache.value))
+          key=tf.tensor_scatter_nd_update(
+              cache.key, rows, self._Project(theta, 'key', query_vec)[:, 0]),
+          value=tf.tensor_scatter_nd_update(
+              cache.value, rows,
+              self._Project(theta, 'value', query_vec)[:, 0]))
       future = tf.cast(tf.range(length) > time_step, paddings.dtype)
       paddings = tf.maximum(paddings, future[tf.newaxis])
     encoded, _ = self._Attend(theta, q, cache.key, cache.value, paddings,

@@ -273,40 +273,6 @@ class TransformerEncoderLayer(base_layer.BaseLayer):
     out.vec = self.ffn.FProp(theta.ffn, x, example_keys=keys)
     return out
 
-  def InitDecodeCache(self, theta: NestedMap, encoder_vec: tf.Tensor,
-                      max_length: int) -> NestedMap:
-    """The cache of ExtendStep for decoding up to max_length positions.
-
-    NestedMap(self_kv=NestedMap(key, value) zeros [b, max_length, h,
-    dh], cross_kv=the projected encoder_vec [b, s, h, dh]).
-    """
-    atten = self.self_atten.atten
-    heads = self.params.num_heads
-    zeros = tf.zeros([encoder_vec.shape[0], max_length, heads,
-                      atten.hidden_dim // heads], encoder_vec.dtype)
-    cross = self.cross_atten.atten.ProjectKeyValue(
-        theta.cross_atten.atten, encoder_vec)
-    return NestedMap(self_kv=NestedMap(key=zeros, value=zeros),
-                     cross_kv=cross)
-
-  def ExtendStep(self, theta: NestedMap, inputs: NestedMap,
-                 cache: NestedMap, time_step: tf.Tensor
-                 ) -> Tuple[NestedMap, NestedMap]:
-    """FProp for position time_step alone: (inputs with vec [b, 1, d]
-    transformed, cache). inputs: vec [b, 1, d], encoder_paddings [b, s];
-    cache from InitDecodeCache (or the previous step). Its vec equals row
-    time_step of FProp over the whole prefix (eval, no target paddings)."""
-    vec = inputs.vec
-    no_paddings = tf.zeros([vec.shape[0], cache.self_kv.key.shape[1]],
-                           inputs.encoder_paddings.dtype)
-    x, self_cache = self.self_atten.ExtendStep(
-        theta.self_atten, vec, cache.self_kv, no_paddings, time_step)
-    x, _ = self.cross_atten.ExtendStep(theta.cross_atten, x, cache.cross_kv,
-                                       inputs.encoder_paddings)
-    out = NestedMap(inputs)
-    out.vec = self.ffn.FProp(theta.ffn, x)
-    return out, NestedMap(self_kv=self_cache, cross_kv=cache.cross_kv)
-
   @classmethod
   def FPropMeta(cls, params: hyperparams.Params,
                 inputs: Any) -> NestedMap:

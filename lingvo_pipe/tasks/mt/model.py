@@ -279,12 +279,18 @@ class TransformerMT(base_model.BaseTask):
           encoder_vec=tf.repeat(switch.EncoderOutput(switch_theta, encoded),
                                 k, axis=0),
           encoder_paddings=tf.repeat(encoded.paddings, k, axis=0))
-    caches = []
+    # Per decoder layer: its self-attention keys and values (the beams'
+    # cache, reordered with them) and its cross-attention ones (the same
+    # for every beam of a sentence: captured, never reordered).
+    caches, crosses = [], []
     for device, layer, layer_theta in decoder_steps[1:]:
-      with tf.device(device):
-        caches.append(layer.InitDecodeCache(
-            layer_theta, memory.encoder_vec, max_length)
-                      if hasattr(layer, 'ExtendStep') else NestedMap())
+      cache = NestedMap(self_kv=NestedMap(), cross_kv=NestedMap())
+      if hasattr(layer, 'ExtendStep'):
+        with tf.device(device):
+          cache = layer.InitDecodeCache(layer_theta, memory.encoder_vec,
+                                        max_length)
+      caches.append(cache.self_kv)
+      crosses.append(cache.cross_kv)
 
     def Step(ids: tf.Tensor, t: tf.Tensor,
              caches: List[NestedMap]) -> Tuple[tf.Tensor, List[NestedMap]]:
@@ -296,14 +302,17 @@ class TransformerMT(base_model.BaseTask):
       state = NestedMap(memory, vec=vec,
                         paddings=tf.zeros([ids.shape[0], 1], vec.dtype))
       new_caches = []
-      for (device, layer, layer_theta), cache in zip(decoder_steps[1:],
-                                                     caches):
+      for (device, layer, layer_theta), self_kv, cross_kv in zip(
+          decoder_steps[1:], caches, crosses):
         with tf.device(device):
           if hasattr(layer, 'ExtendStep'):
-            state, cache = layer.ExtendStep(layer_theta, state, cache, t)
+            state, cache = layer.ExtendStep(
+                layer_theta, state,
+                NestedMap(self_kv=self_kv, cross_kv=cross_kv), t)
+            self_kv = cache.self_kv
           else:
             state = layer.FProp(layer_theta, state)
-        new_caches.append(cache)
+        new_caches.append(self_kv)
       logits = self._Logits(theta, state.vec)[:, 0]
       return tf.nn.log_softmax(tf.cast(logits, tf.float32)), new_caches
 

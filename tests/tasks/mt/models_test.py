@@ -25,6 +25,7 @@ from lingvo_pipe.core import devices
 devices.SplitCpu(4)
 
 from lingvo_pipe.core import base_input_generator  # noqa: E402
+from lingvo_pipe.core import base_layer  # noqa: E402
 from lingvo_pipe.core import base_model  # noqa: E402
 from lingvo_pipe.core import model_registry  # noqa: E402
 from lingvo_pipe.tasks.mt import model  # noqa: E402
@@ -91,6 +92,28 @@ class RegisteredMTModelsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertTrue(p.train_input.repeat)
     self.assertFalse(p.dev_input.repeat)
     self.assertIn('task.stack.cell_tpl[0]', p.ToText())
+
+  # Vaswani et al. (2017): base 65M, big 213M with a shared 37k vocabulary.
+  @parameterized.parameters(('TransformerBaseGPipe', 65e6),
+                            ('TransformerBigGPipe', 213e6))
+  def testWmtParameterCounts(self, name, paper):
+    count, _ = self._Count(f'mt.wmt14_en_de.{name}')
+    self.assertLess(abs(count - paper) / paper, 0.03)
+
+  def test24x24OnlyFitsPipelined(self):
+    # Weights and Adam's two slots, 12 bytes a parameter: above an 8 GB
+    # accelerator whole, well within it per partition.
+    count, parts = self._Count('mt.wmt14_en_de.Transformer24x24GPipe')
+    self.assertLen(parts, 4)
+    self.assertGreater(12 * count, 8e9)
+    self.assertLess(12 * max(parts), 8e9 / 3)
+
+  def _Count(self, key):
+    p = model_registry.GetParams(key)
+    with base_layer.VariableShapesOnly():
+      task = p.task.Set(name='task').Instantiate()
+      return (base_layer.NumParameters(task),
+              [base_layer.NumParameters(c) for c in task.stack.cells])
 
   @parameterized.named_parameters(*_NAMED_KEYS)
   def testTinyVersionTrainsOneStepAndDecodes(self, key):
