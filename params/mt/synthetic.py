@@ -23,12 +23,11 @@ class TransformerTinyGPipe(base.TransformerGPipeBase):
   One PipeliningLayer holds the encoder, the switch and the decoder
   (transformer.py); it needs 2 devices (the trainer splits the CPU).
 
-  Measured on the 2-core machine under load (load average about 5), with
-  the trainer: the first step (tracing) about 25 s, then about 0.17-0.2 s
-  per step of 32 sentence pairs. Dev after 400 steps: token accuracy
-  0.82, greedy corpus BLEU 59.2, exact match 36% (800 sentences); after
-  600 steps (MAX_STEPS, about 100 s of steps): token accuracy 0.94,
-  BLEU 86.6, exact match 68%.
+  1200 steps of 32 sentence pairs, then the decoder job (README,
+  Translation) decodes the whole test split (1000 sentences, beam 4).
+  Measured on the idle 2-core machine, both commands: 1 min 15 s in all;
+  dev token accuracy 0.70 / 0.93 / 0.99 / 0.994 at steps 300 / 600 / 900
+  / 1200; test sacreBLEU 98.76, exact match 96.1%.
   """
 
   DATASET = synthetic_translation.NAME
@@ -53,7 +52,7 @@ class TransformerTinyGPipe(base.TransformerGPipeBase):
   WARMUP_STEPS = 100
   ADAM_BETA2 = 0.98
   CLIP_GRADIENT_NORM = 1.0
-  MAX_STEPS = 600
+  MAX_STEPS = 1200
   SAVE_INTERVAL_STEPS = 300
   EVAL_INTERVAL_STEPS = 300
-  EVAL_STEPS = 10
+  EVAL_STEPS = 25  # the whole validation / test split (1000 sentences)
