@@ -7,8 +7,9 @@ NUM_PARTITIONS cells balanced by flops for one micro-batch of
 BATCH_SIZE / NUM_MICRO_BATCHES sentences of MAX_LENGTH tokens.
 
 The model's vocabulary size is the input's max_vocab_size (VOCAB_SIZE): the
-word vocabulary MTInput builds has at most that many ids, so every id fits.
-A smaller built vocabulary leaves some rows of the table unused.
+vocabulary MTInput builds (sentencepiece subwords, or words: TOKENIZER)
+has at most that many ids, so every id fits. A smaller built vocabulary
+leaves some rows of the table unused.
 
 To try other sizes, subclass and change the knobs:
 
@@ -38,6 +39,7 @@ class TransformerGPipeBase:
   TARGET_KEY = 'tgt'
   DATA_DIR: Optional[str] = None
   VOCAB_SIZE = 32000
+  TOKENIZER = 'subword'  # MTInput.tokenizer: sentencepiece, shared by sides
   MAX_LENGTH = 64
   BATCH_SIZE = 64
   EVAL_BATCH_SIZE = 64
@@ -77,6 +79,7 @@ class TransformerGPipeBase:
         target_key=self.TARGET_KEY, data_dir=self.DATA_DIR, split=split,
         batch_size=self.BATCH_SIZE if training else self.EVAL_BATCH_SIZE,
         max_length=self.MAX_LENGTH, max_vocab_size=self.VOCAB_SIZE,
+        tokenizer=self.TOKENIZER,
         shuffle_buffer_size=self.SHUFFLE_BUFFER_SIZE if training else 0,
         repeat=training, seed=self.SEED)
 

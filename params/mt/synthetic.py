@@ -33,6 +33,8 @@ class TransformerTinyGPipe(base.TransformerGPipeBase):
   DATASET = synthetic_translation.NAME
   SOURCE_KEY = synthetic_translation.SOURCE_KEY
   TARGET_KEY = synthetic_translation.TARGET_KEY
+  # A closed language of 128 words: a word vocabulary holds it exactly.
+  TOKENIZER = 'word'
   VOCAB_SIZE = 4 + 2 * synthetic_translation.NUM_WORDS
   MAX_LENGTH = synthetic_translation.MAX_LENGTH + 2
   BATCH_SIZE = 32

@@ -14,8 +14,8 @@ The data is the TFDS catalog dataset 'wmt14_translate/de-en' (features 'de'
 and 'en'), translated English -> German. This machine cannot download it:
 on a machine with internet access run `tfds build wmt14_translate/de-en
 --data_dir=DIR`, copy DIR here and pass --data_dir=DIR. The vocabulary is
-MTInput's shared vocabulary of 37000 ids over both sides (built from the
-train split on first use, in the logdir).
+a shared sentencepiece vocabulary of at most 37000 subwords over both
+sides (built from the train split on first use, in the logdir).
 """
 
 from __future__ import annotations

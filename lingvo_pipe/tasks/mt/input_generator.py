@@ -19,7 +19,8 @@ Each batch is a NestedMap (t = max_length, Lingvo's conventions):
 A sentence longer than max_length - 1 words is truncated so that the </s>
 (and <s>) still fit.
 
-One vocabulary (tokenizer.py) serves both sides. It is read from
+One vocabulary serves both sides: words (tokenizer.py) or sentencepiece
+subwords (subword.py), as p.tokenizer says. It is read from
 p.vocab_file if that exists, else built from p.vocab_split (both sides)
 and written there; with p.vocab_file None, the file is
 <data_dir>/lingvo_pipe_vocab/<dataset>.<split>.<src>-<tgt>.<max size>.txt.
@@ -42,8 +43,12 @@ import tensorflow_datasets as tfds
 from lingvo_pipe.core import base_input_generator
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core.nested_map import NestedMap
+from lingvo_pipe.tasks.mt import subword
 from lingvo_pipe.tasks.mt import synthetic_translation
 from lingvo_pipe.tasks.mt import tokenizer as tokenizer_lib
+from lingvo_pipe.tasks.mt import vocabulary
+
+TOKENIZERS = ('word', 'subword')
 
 
 class MTInput(base_input_generator.BaseInputGenerator):
@@ -69,7 +74,10 @@ class MTInput(base_input_generator.BaseInputGenerator):
              'Split the vocabulary is built from when vocab_file is None.')
     p.Define('max_vocab_size', 32000,
              'Most ids a built vocabulary has (special ids included); None '
-             'keeps every word.')
+             'keeps every word (word vocabularies only).')
+    p.Define('tokenizer', 'word',
+             f'What a built vocabulary holds: one of {TOKENIZERS} (words, '
+             'or sentencepiece subwords: subword.py).')
     return p
 
   def __init__(self, params: hyperparams.Params) -> None:
@@ -82,6 +90,11 @@ class MTInput(base_input_generator.BaseInputGenerator):
     if not isinstance(p.max_length, int) or p.max_length < 2:
       self._Fail(f'p.max_length is {p.max_length!r}; set an int >= 2 (room '
                  'for a word and </s>).')
+    if p.tokenizer not in TOKENIZERS:
+      self._Fail(f'p.tokenizer is {p.tokenizer!r}; use one of {TOKENIZERS}.')
+    if p.tokenizer == 'subword' and not isinstance(p.max_vocab_size, int):
+      self._Fail('p.max_vocab_size is None; a subword vocabulary needs a '
+                 'size (e.g. 32000).')
 
   @property
   def tokenizer(self) -> tokenizer_lib.Tokenizer:
@@ -97,7 +110,7 @@ class MTInput(base_input_generator.BaseInputGenerator):
       return p.vocab_file
     name = '.'.join([p.dataset_name, p.vocab_split,
                      f'{p.source_key}-{p.target_key}',
-                     str(p.max_vocab_size), 'txt'])
+                     str(p.max_vocab_size), p.tokenizer, 'txt'])
     name = re.sub(r'[^A-Za-z0-9_.+-]', '_', name)
     data_dir = p.data_dir or tfds.core.constants.DATA_DIR
     return os.path.join(os.fspath(data_dir), 'lingvo_pipe_vocab', name)
@@ -106,9 +119,13 @@ class MTInput(base_input_generator.BaseInputGenerator):
     p = self.params
     path = self.VocabFile()
     if tf.io.gfile.exists(path):
-      return tokenizer_lib.Load(path)
-    tokenizer = tokenizer_lib.Tokenizer.FromTexts(
-        self._Texts(), max_vocab_size=p.max_vocab_size)
+      return vocabulary.Load(path)
+    if p.tokenizer == 'subword':
+      tokenizer = subword.SubwordTokenizer.FromTexts(
+          self._Texts(), vocab_size=p.max_vocab_size)
+    else:
+      tokenizer = tokenizer_lib.Tokenizer.FromTexts(
+          self._Texts(), max_vocab_size=p.max_vocab_size)
     tokenizer.Save(path)
     logging.info('Built a vocabulary of %d ids from %s %s into %s.',
                  tokenizer.VocabSize(), p.dataset_name, p.vocab_split, path)

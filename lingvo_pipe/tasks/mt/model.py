@@ -47,8 +47,8 @@ from lingvo_pipe.core.nested_map import NestedMap
 from lingvo_pipe.tasks.mt import beam_search
 from lingvo_pipe.tasks.mt import bleu
 from lingvo_pipe.tasks.mt import decoder
-from lingvo_pipe.tasks.mt import tokenizer
 from lingvo_pipe.tasks.mt import transformer
+from lingvo_pipe.tasks.mt import vocabulary
 
 
 class TransformerMT(base_model.BaseTask):
@@ -80,7 +80,7 @@ class TransformerMT(base_model.BaseTask):
              'Length normalisation: scores are log-probability / ((5 + '
              'length) / 6) ** alpha (0.6 in the Transformer paper).')
     p.Define('vocab_file', None,
-             "The inputs' vocabulary file (tokenizer.Load): decoding "
+             "The inputs' vocabulary file (vocabulary.Load): decoding "
              'detokenises with it for BLEU; None scores id strings.')
     p.Define('decode_cache', True,
              'Decode with cached keys and values (O(t) per step); False '
@@ -331,7 +331,7 @@ class TransformerMT(base_model.BaseTask):
   def _Detokenizer(self) -> Callable[[np.ndarray], List[str]]:
     """ids [n, T] -> n texts: the vocabulary's, or the ids as words."""
     if self._tokenizer is None and self.params.vocab_file:
-      self._tokenizer = tokenizer.Load(self.params.vocab_file)
+      self._tokenizer = vocabulary.Load(self.params.vocab_file)
     tok = self._tokenizer
     if tok is None:
       return lambda rows: [' '.join(map(str, decoder.TrimIds(r)))

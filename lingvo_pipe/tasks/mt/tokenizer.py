@@ -174,7 +174,3 @@ class Tokenizer:
     words = tf.ragged.boolean_mask(tf.gather(self._token_tensor, ids), keep)
     return tf.strings.reduce_join(words, axis=-1, separator=' ')
 
-
-def Load(path: str) -> Tokenizer:
-  """The tokenizer saved at `path` (Tokenizer.Save's format)."""
-  return Tokenizer.FromFile(path)

@@ -14,7 +14,9 @@ import tensorflow_datasets as tfds  # noqa: E402
 
 from lingvo_pipe.tasks.mt import input_generator  # noqa: E402
 from lingvo_pipe.tasks.mt import synthetic_translation as st  # noqa: E402
+from lingvo_pipe.tasks.mt import subword  # noqa: E402
 from lingvo_pipe.tasks.mt import tokenizer  # noqa: E402
+from lingvo_pipe.tasks.mt import vocabulary  # noqa: E402
 
 _TINY = st.NAME + '/tiny'
 
@@ -140,13 +142,30 @@ class MTInputTest(tf.test.TestCase, parameterized.TestCase):
     ex = _Examples(inp)[0]
     self.assertContainsSubset(ex.src.ids.tolist(), {0, 2, 3, 4, 5, 6})
 
+  def testSubwordVocabulary(self):
+    path = os.path.join(self.create_tempdir().full_path, 'vocab.txt')
+    inp = _Params(self.data_dir, tokenizer='subword', max_vocab_size=400,
+                  max_length=64,  # no sentence truncated
+                  vocab_file=path).Instantiate()
+    tok = inp.tokenizer
+    self.assertIsInstance(tok, subword.SubwordTokenizer)
+    self.assertIsInstance(vocabulary.Load(path), subword.SubwordTokenizer)
+    for ex, (src, tgt) in zip(_Examples(inp), self.raw):
+      n = int(np.sum(ex.src.paddings == 0))
+      self.assertEqual(tokenizer.EOS_ID, ex.src.ids[n - 1])
+      self.assertEqual(src, tok.DecodeIds(ex.src.ids))
+      self.assertEqual(tgt, tok.DecodeIds(ex.tgt.labels))
+      self.assertEqual(tokenizer.SOS_ID, ex.tgt.ids[0])
+    with self.assertRaisesRegex(ValueError, "p.tokenizer is 'bpe'"):
+      _Params(self.data_dir, tokenizer='bpe').Instantiate()
+
   def testMissingVocabFileIsBuiltThere(self):
     # A run's jobs share the file: the first builds it, the others read it.
     path = os.path.join(self.create_tempdir().full_path, 'run', 'vocab.txt')
     first = _Params(self.data_dir, vocab_file=path).Instantiate()
     built = first.tokenizer.Tokens()
     self.assertTrue(os.path.exists(path))
-    self.assertEqual(built, tokenizer.Load(path).Tokens())
+    self.assertEqual(built, vocabulary.Load(path).Tokens())
     second = _Params(self.data_dir, vocab_file=path).Instantiate()
     self.assertEqual(built, second.tokenizer.Tokens())
 
