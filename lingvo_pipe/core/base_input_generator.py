@@ -133,14 +133,18 @@ class BaseInputGenerator:
 
   # ---- loading ------------------------------------------------------
 
-  def _LoadSplit(self, split: str, shuffle_files: bool) -> tf.data.Dataset:
+  def _LoadSplit(self, split: str, shuffle_files: bool,
+                 dataset_name: Optional[str] = None) -> tf.data.Dataset:
     """tfds.load of `split`: dicts of features, one per example.
 
-    Prepares a local builder that is missing from data_dir; turns a missing
-    catalog dataset into a one-line error saying how to prepare it.
+    Of p.dataset_name, or of `dataset_name` (inputs reading several;
+    self.DatasetInfo() is then the last one's). Prepares a local builder
+    that is missing from data_dir; turns a missing catalog dataset into a
+    one-line error saying how to prepare it.
     """
     p = self._params
-    download = p.download or IsLocalBuilder(p.dataset_name)
+    dataset_name = dataset_name or p.dataset_name
+    download = p.download or IsLocalBuilder(dataset_name)
     # TFDS caches small datasets in memory; an evaluation reading part of
     # one drops the cache with a warning at every evaluation. Only inputs
     # that repeat (training) read whole passes.
@@ -148,7 +152,7 @@ class BaseInputGenerator:
                                   try_autocache=bool(p.repeat))
     try:
       dataset, info = tfds.load(
-          p.dataset_name, split=split, data_dir=p.data_dir,
+          dataset_name, split=split, data_dir=p.data_dir,
           shuffle_files=shuffle_files, download=download,
           as_supervised=False, read_config=read_config, with_info=True)
     except AssertionError as e:  # TFDS's "could not find data in <dir>".
@@ -156,10 +160,10 @@ class BaseInputGenerator:
         raise
       where = p.data_dir or tfds.core.constants.DATA_DIR
       raise FileNotFoundError(
-          f'{type(self).__name__} {p.name!r}: dataset {p.dataset_name!r} is '
+          f'{type(self).__name__} {p.name!r}: dataset {dataset_name!r} is '
           f'not prepared in data_dir {where!r} and this input does not '
           'download it; on a machine with internet access run `tfds build '
-          f'{p.dataset_name} --data_dir=DIR`, copy DIR here and pass '
+          f'{dataset_name} --data_dir=DIR`, copy DIR here and pass '
           '--data_dir=DIR (p.data_dir), or set p.download=True.') from e
     self._info = info
     return dataset

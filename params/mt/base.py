@@ -27,6 +27,7 @@ from lingvo_pipe.core import optimizer
 from lingvo_pipe.core.nested_map import NestedMap
 from lingvo_pipe.tasks.mt import input_generator
 from lingvo_pipe.tasks.mt import model
+from lingvo_pipe.tasks.mt import multilingual_input
 from lingvo_pipe.tasks.mt import transformer
 
 
@@ -37,6 +38,9 @@ class TransformerGPipeBase:
   DATASET = ''
   SOURCE_KEY = 'src'
   TARGET_KEY = 'tgt'
+  # Multilingual: (dataset or None for DATASET, source, target, weight) per
+  # language pair (multilingual_input.py); then SOURCE/TARGET_KEY unused.
+  PAIRS: Optional[list] = None
   DATA_DIR: Optional[str] = None
   VOCAB_SIZE = 32000
   TOKENIZER = 'subword'  # MTInput.tokenizer: sentencepiece, shared by sides
@@ -74,9 +78,15 @@ class TransformerGPipeBase:
   SEED = 1
 
   def _Input(self, split: str, training: bool) -> hyperparams.Params:
-    return input_generator.MTInput.Params().Set(
-        name=split, dataset_name=self.DATASET, source_key=self.SOURCE_KEY,
-        target_key=self.TARGET_KEY, data_dir=self.DATA_DIR, split=split,
+    if self.PAIRS:
+      p = multilingual_input.MultilingualMTInput.Params().Set(
+          pairs=[tuple(pair) for pair in self.PAIRS])
+    else:
+      p = input_generator.MTInput.Params().Set(
+          source_key=self.SOURCE_KEY, target_key=self.TARGET_KEY)
+    return p.Set(
+        name=split, dataset_name=self.DATASET, data_dir=self.DATA_DIR,
+        split=split,
         batch_size=self.BATCH_SIZE if training else self.EVAL_BATCH_SIZE,
         max_length=self.MAX_LENGTH, max_vocab_size=self.VOCAB_SIZE,
         tokenizer=self.TOKENIZER,
@@ -114,7 +124,9 @@ class TransformerGPipeBase:
         src_vocab_size=self.VOCAB_SIZE, tgt_vocab_size=self.VOCAB_SIZE,
         shared_embedding=True, model_dim=self.MODEL_DIM, stack=self.Stack(),
         input_dropout_prob=self.INPUT_DROPOUT,
-        label_smoothing=self.LABEL_SMOOTHING, random_seed=self.SEED)
+        label_smoothing=self.LABEL_SMOOTHING, random_seed=self.SEED,
+        pair_names=[multilingual_input.PairName(pair)
+                    for pair in self.PAIRS or []])
     tp = p.train
     tp.optimizer = optimizer.Adam.Params().Set(
         beta1=0.9, beta2=self.ADAM_BETA2, epsilon=self.ADAM_EPSILON)

@@ -12,6 +12,7 @@ special ids + 64 source + 64 target words = 132 ids.
 from __future__ import annotations
 
 from lingvo_pipe.core import model_registry
+from lingvo_pipe.tasks.mt import synthetic_multilingual
 from lingvo_pipe.tasks.mt import synthetic_translation
 from params.mt import base
 
@@ -58,3 +59,30 @@ class TransformerTinyGPipe(base.TransformerGPipeBase):
   SAVE_INTERVAL_STEPS = 300
   EVAL_INTERVAL_STEPS = 300
   EVAL_STEPS = 25  # the whole validation / test split (1000 sentences)
+
+
+@model_registry.RegisterSingleTaskModel
+class MultilingualTinyGPipe(TransformerTinyGPipe):
+  """English to and from three made-up languages, one model, K=2, M=4.
+
+  lingvo_pipe_synthetic_multilingual (synthetic_multilingual.py): six
+  directions, each source sentence led by its target language's token
+  (Johnson et al. 2017), one word vocabulary of 4 languages x 64 words, 3
+  language tokens and 4 special ids. English-to-X pairs are sampled twice
+  as often as X-to-English (one target side each, three ways). The
+  decoder reports sacreBLEU per pair.
+  """
+
+  DATASET = synthetic_multilingual.NAME
+  PAIRS = ([(None, 'en', lang, 2.0)
+            for lang in synthetic_multilingual.LANGUAGES] +
+           [(None, lang, 'en', 1.0)
+            for lang in synthetic_multilingual.LANGUAGES])
+  VOCAB_SIZE = 4 + 4 * synthetic_translation.NUM_WORDS + 3
+  MAX_LENGTH = synthetic_translation.MAX_LENGTH + 3  # + token, </s> or <s>
+  MODEL_DIM = 128
+  HIDDEN_DIM = 512
+  MAX_STEPS = 3000
+  SAVE_INTERVAL_STEPS = 1000
+  EVAL_INTERVAL_STEPS = 1000
+  EVAL_STEPS = 10  # 400 of the 3000 test pairs

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -122,7 +122,8 @@ class MTInput(base_input_generator.BaseInputGenerator):
       return vocabulary.Load(path)
     if p.tokenizer == 'subword':
       tokenizer = subword.SubwordTokenizer.FromTexts(
-          self._Texts(), vocab_size=p.max_vocab_size)
+          self._Texts(), vocab_size=p.max_vocab_size,
+          user_symbols=self.UserSymbols())
     else:
       tokenizer = tokenizer_lib.Tokenizer.FromTexts(
           self._Texts(), max_vocab_size=p.max_vocab_size)
@@ -130,6 +131,10 @@ class MTInput(base_input_generator.BaseInputGenerator):
     logging.info('Built a vocabulary of %d ids from %s %s into %s.',
                  tokenizer.VocabSize(), p.dataset_name, p.vocab_split, path)
     return tokenizer
+
+  def UserSymbols(self) -> List[str]:
+    """Tokens a subword vocabulary must keep whole; none here."""
+    return []
 
   def _Texts(self) -> Iterator[bytes]:
     """Both sentences of every example of p.vocab_split."""

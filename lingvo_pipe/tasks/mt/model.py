@@ -82,6 +82,9 @@ class TransformerMT(base_model.BaseTask):
     p.Define('vocab_file', None,
              "The inputs' vocabulary file (vocabulary.Load): decoding "
              'detokenises with it for BLEU; None scores id strings.')
+    p.Define('pair_names', [],
+             "Language pairs ('en-xx', ...) of a multilingual input, in its "
+             "order: the decoder reports BLEU per pair (batches' `pair`).")
     p.Define('decode_cache', True,
              'Decode with cached keys and values (O(t) per step); False '
              're-runs the decoder over the prefix (greedy only; for '
@@ -265,6 +268,8 @@ class TransformerMT(base_model.BaseTask):
                     scores=hyps.scores, src_ids=src.ids)
     if 'tgt' in input_batch:
       out.ref_ids = input_batch.tgt.labels
+    if 'pair' in input_batch:
+      out.pair = input_batch.pair
     return out
 
   def _BeamSearch(self, theta: NestedMap, encoded: NestedMap,
@@ -340,9 +345,12 @@ class TransformerMT(base_model.BaseTask):
         np.asarray(rows)).numpy().tolist()]
 
   def CreateDecoderMetrics(self) -> Dict[str, Any]:
-    """bleu (sacreBLEU, 0-100) and exact_match (fraction)."""
-    return {'bleu': bleu.SacreBleuMetric(),
-            'exact_match': base_model.AverageMetric()}
+    """bleu (sacreBLEU, 0-100), exact_match (fraction), bleu_<pair>."""
+    metrics = {'bleu': bleu.SacreBleuMetric(),
+               'exact_match': base_model.AverageMetric()}
+    for name in self.params.pair_names:
+      metrics[f'bleu_{name}'] = bleu.SacreBleuMetric()
+    return metrics
 
   def PostProcessDecodeOut(self, decode_out: Dict[str, Any],
                            metrics: Dict[str, Any]) -> None:
@@ -351,9 +359,17 @@ class TransformerMT(base_model.BaseTask):
     hyps = detok(decode_out['hyp_ids'])
     refs = detok(decode_out['ref_ids'])
     srcs = detok(decode_out['src_ids'])
-    for hyp, ref, src, hyp_row, ref_row in zip(
-        hyps, refs, srcs, decode_out['hyp_ids'], decode_out['ref_ids']):
+    names = self.params.pair_names
+    pairs = decode_out.get('pair')
+    if names and pairs is None:
+      raise ValueError(
+          f"TransformerMT '{self.path}': pair_names is set but the batches "
+          'have no `pair`; read them with MultilingualMTInput.')
+    for i, (hyp, ref, src, hyp_row, ref_row) in enumerate(zip(
+        hyps, refs, srcs, decode_out['hyp_ids'], decode_out['ref_ids'])):
       metrics['bleu'].Add(hyp, ref, src)
+      if names:
+        metrics[f'bleu_{names[int(pairs[i])]}'].Add(hyp, ref, src)
       metrics['exact_match'].Update(
           float(decoder.TrimIds(hyp_row) == decoder.TrimIds(ref_row)))
 
@@ -366,6 +382,11 @@ class TransformerMT(base_model.BaseTask):
       with tf.io.gfile.GFile(f'{path_prefix}.{suffix}.txt', 'w') as f:
         f.write(''.join(line + '\n' for line in lines))
     on = 'text' if self.params.vocab_file else 'id strings (no vocab_file)'
-    return (f'sacreBLEU {metric.value:.2f} on {metric.total_weight} '
-            f'sentences ({on}), signature {metric.signature}; '
-            f'hypotheses in {path_prefix}.hyp.txt')
+    lines = [f'sacreBLEU {metric.value:.2f} on {metric.total_weight} '
+             f'sentences ({on}), signature {metric.signature}; '
+             f'hypotheses in {path_prefix}.hyp.txt']
+    for name in self.params.pair_names:
+      pair = metrics[f'bleu_{name}']
+      lines.append(f'  {name}: sacreBLEU {pair.value:.2f} on '
+                   f'{pair.total_weight} sentences')
+    return '\n'.join(lines)

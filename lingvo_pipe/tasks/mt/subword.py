@@ -59,8 +59,10 @@ class SubwordTokenizer:
 
   @classmethod
   def FromTexts(cls, texts: Iterable[TextLike], vocab_size: int,
-                model_type: str = 'unigram') -> 'SubwordTokenizer':
-    """Learns at most vocab_size ids (special and byte pieces included)."""
+                model_type: str = 'unigram',
+                user_symbols: Sequence[str] = ()) -> 'SubwordTokenizer':
+    """Learns at most vocab_size ids (special and byte pieces included);
+    each of user_symbols (e.g. '<2de>') is one piece wherever it occurs."""
     if not isinstance(vocab_size, int) or vocab_size < _MIN_VOCAB:
       raise ValueError(
           f'SubwordTokenizer: vocab_size={vocab_size!r}; use at least '
@@ -72,6 +74,7 @@ class SubwordTokenizer:
         pad_id=tokenizer.PAD_ID, bos_id=tokenizer.SOS_ID,
         eos_id=tokenizer.EOS_ID, unk_id=tokenizer.UNK_ID, byte_fallback=True,
         character_coverage=1.0, input_sentence_size=2_000_000,
+        user_defined_symbols=list(user_symbols),
         shuffle_input_sentence=True, minloglevel=2)
     return cls(model.getvalue())
 

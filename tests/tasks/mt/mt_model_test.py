@@ -279,6 +279,27 @@ class DecodeTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn('signature nrefs:1|case:mixed|eff:no|tok:13a', line)
     self.assertIn(f'{prefix}.hyp.txt', line)
 
+  def testBleuPerLanguagePair(self):
+    task = _Task(_Pipelined(), max_decode_length=_T,
+                 pair_names=['en-xx', 'xx-en'])
+    batch = _Batch()
+    batch.pair = tf.constant([0, 1, 1, 0], tf.int32)
+    out = tf.nest.map_structure(lambda t: t.numpy(), task.DecodeStep(batch))
+    self.assertAllEqual([0, 1, 1, 0], out.pair)
+    metrics = task.CreateDecoderMetrics()
+    task.PostProcessDecodeOut(out, metrics)
+    self.assertEqual(2, metrics['bleu_en-xx'].total_weight)
+    self.assertEqual(2, metrics['bleu_xx-en'].total_weight)
+    _, hyps, refs = metrics['bleu'].Texts()
+    self.assertEqual(([hyps[0], hyps[3]], [refs[0], refs[3]]),
+                     metrics['bleu_en-xx'].Texts()[1:])
+    line = task.DecodeFinalize(metrics, self.create_tempdir().full_path +
+                               '/step_1')
+    self.assertIn('\n  xx-en: sacreBLEU', line)
+    del out.pair
+    with self.assertRaisesRegex(ValueError, 'have no `pair`'):
+      task.PostProcessDecodeOut(out, task.CreateDecoderMetrics())
+
   def testParamErrors(self):
     with self.assertRaisesRegex(ValueError, 'decode_cache=False decodes'):
       _Task(_Pipelined(), decode_cache=False)
