@@ -26,6 +26,8 @@ p.target_key are 'src' and 'tgt', the mixed stream's.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import tensorflow as tf
@@ -79,6 +81,15 @@ class MultilingualMTInput(input_generator.MTInput):
 
   def PairNames(self) -> List[str]:
     return [PairName(pair) for pair in self.params.pairs]
+
+  def VocabFile(self) -> str:
+    """p.vocab_file, or a cache file named after every pair's source."""
+    p = self.params
+    if p.vocab_file:
+      return p.vocab_file
+    sources = repr([(d or p.dataset_name, s, t) for d, s, t, _ in p.pairs])
+    digest = hashlib.sha256(sources.encode()).hexdigest()[:12]
+    return re.sub(r'\.txt$', f'.{digest}.txt', super().VocabFile())
 
   def UserSymbols(self) -> List[str]:
     return sorted({LanguageToken(pair[2]) for pair in self.params.pairs})

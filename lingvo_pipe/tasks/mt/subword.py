@@ -7,9 +7,10 @@ seen in training becomes its UTF-8 bytes, so no text is <unk> and
 normalises runs of whitespace). The ids are Tokenizer's: 0 <pad>, 1 <s>,
 2 </s>, 3 <unk>, then the pieces (256 byte pieces among them).
 
-sentencepiece is a dependency because it builds a 32k vocabulary from
-100k sentences in seconds and encodes about 300k sentences per second
-(bench/tokenizer/), where TFDS's SubwordTextEncoder is pure Python.
+sentencepiece is a dependency because, measured against TFDS's
+SubwordTextEncoder (bench/tokenizer/), it learns an 8000-id vocabulary
+of 100k sentences 10.7x faster (3.3 s) and encodes 3.4-4.9x faster, both
+being exact and never <unk>.
 
   tok = SubwordTokenizer.FromTexts(texts, vocab_size=8000)
   tok.Save(path); tok = SubwordTokenizer.FromFile(path)

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from lingvo_pipe.tasks.mt import multilingual_input as mi
 from lingvo_pipe.tasks.mt import synthetic_multilingual as sm
+from lingvo_pipe.tasks.mt import synthetic_translation as st
 from lingvo_pipe.tasks.mt import vocabulary
 
 _TINY = sm.NAME + '/tiny'
@@ -78,6 +79,24 @@ class MultilingualInputTest(tf.test.TestCase):
     batch = next(iter(inp.GetDataset()))
     self.assertTrue(all(tok.DecodeIds(row).startswith('<2')
                         for row in batch.src.ids.numpy()))
+
+  def testPairsFromTwoDatasets(self):
+    # The synthetic pair ('src' -> 'tgt') beside a multilingual one.
+    pairs = [(None, 'en', 'zz', 1.0),
+             (st.NAME + '/tiny', st.SOURCE_KEY, st.TARGET_KEY, 1.0)]
+    inp = _Params(self.data_dir, split='test', pairs=pairs).Instantiate()
+    tok = inp.tokenizer
+    seen = set()
+    for batch in inp.GetDataset():
+      for src, tgt, pair in zip(tok.Decode(batch.src.ids).numpy(),
+                                tok.Decode(batch.tgt.labels).numpy(),
+                                batch.pair.numpy()):
+        words = src.decode().split()[1:]
+        want = (sm.Translate(' '.join(words), 'zz') if pair == 0 else
+                st.Translate(' '.join(words)))
+        self.assertEqual(want, tgt.decode())
+        seen.add(int(pair))
+    self.assertEqual({0, 1}, seen)
 
   def testBadPairs(self):
     with self.assertRaisesRegex(ValueError, 'p.pairs is empty'):
