@@ -3,8 +3,8 @@
 `BeamSearch(step_fn, cache, batch_size, beam_size, max_length, ...)`
 keeps k = beam_size hypotheses per sentence. step_fn decodes one position
 for all b * k hypotheses from their last tokens and a cache (each decoder
-layer's keys and values so far, transformer_layers.ExtendStep), so step t
-costs O(t) attention instead of re-running the decoder over the prefix:
+layer's keys and values so far, transformer_layers.ExtendStep), so a step
+runs the decoder on one position instead of re-running it over the prefix:
 
   alive: k sequences [b, k, T], their log-probabilities (only beam 0 live
          at the start, its last token <s>)

@@ -1,7 +1,8 @@
 """Greedy decoding without a cache: re-run the decoder on the prefix.
 
-Decoding uses beam_search.py (cached, O(t) per step); this O(t^2) search
-stays as its reference, in tests and bench/decode.
+Decoding uses beam_search.py (cached: one position per step); this search,
+which re-runs the decoder over the prefix at every step, stays as its
+reference, in tests and bench/decode.
 
 `GreedyDecodeUncached(logits_fn, batch_size, max_length, ...)` keeps the
 decoder inputs in one [b, T] buffer (T = max_length) and, at every step,

@@ -9,9 +9,10 @@
   ComputeLoss: label-smoothed cross-entropy, mean over non-padded target
     tokens; also log_pplx (without smoothing) and token_accuracy.
   Decode: beam search (beam_search.py) over cached decoder steps: the
-    encoder runs once, each decoder layer keeps its keys and values, so
-    step t costs O(t); every layer on its partition's device (no
-    micro-batches). hyp_ids [b, T], ref_ids.
+    encoder runs once, each decoder layer keeps its keys and values, so a
+    step runs the decoder on one position (its attention reads the cache)
+    instead of re-running it over the whole prefix; every layer on its
+    partition's device (no micro-batches). hyp_ids [b, T], ref_ids.
 
 `stack` is the network of transformer.py: a PipeliningLayer over encoder,
 switch and decoder layers (GPipe), or the same layers in a SequentialLayer.
@@ -86,9 +87,9 @@ class TransformerMT(base_model.BaseTask):
              "Language pairs ('en-xx', ...) of a multilingual input, in its "
              "order: the decoder reports BLEU per pair (batches' `pair`).")
     p.Define('decode_cache', True,
-             'Decode with cached keys and values (O(t) per step); False '
-             're-runs the decoder over the prefix (greedy only; for '
-             'comparisons).')
+             'Decode with cached keys and values (one position per step); '
+             'False re-runs the decoder over the prefix at every step '
+             '(greedy only; for comparisons).')
     return p
 
   def __init__(self, params: hyperparams.Params) -> None:
