@@ -23,7 +23,8 @@ One vocabulary serves both sides: words (tokenizer.py) or sentencepiece
 subwords (subword.py), as p.tokenizer says. It is read from
 p.vocab_file if that exists, else built from p.vocab_split (both sides)
 and written there; with p.vocab_file None, the file is
-<data_dir>/lingvo_pipe_vocab/<dataset>.<split>.<src>-<tgt>.<max size>.txt.
+<data_dir>/lingvo_pipe_vocab/<dataset>.<split>.<src>-<tgt>.<max
+size>.<tokenizer>.txt.
 The trainer sets it to <logdir>/vocab.txt, so every job of a run reads the
 vocabulary the first one built. Delete the file to rebuild it.
 
