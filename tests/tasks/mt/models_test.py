@@ -2,8 +2,9 @@
 
 The registered params are built as they are (params only: no variables).
 The training step uses the same recipe with tiny sizes (a subclass that
-changes the knobs of params/mt/base.py, keeping the pipeline's K; M=1
-halves the ops to trace, and mt_model_test.py covers M > 1): on
+changes the knobs of params/mt/base.py, keeping the pipeline's K up to
+the 4 devices this test has; M=1 halves the ops to trace, and
+mt_model_test.py covers M > 1): on
 'lingvo_pipe_synthetic_translation/tiny' for local builders and on
 tfds.testing.mock_data for catalog datasets (nothing is downloaded).
 """
@@ -32,6 +33,7 @@ from lingvo_pipe.tasks.mt import model  # noqa: E402
 from lingvo_pipe.tasks.mt import transformer  # noqa: E402
 import params.mt  # noqa: E402
 
+_TEST_DEVICES = 4
 _TINY = dict(MODEL_DIM=8, HIDDEN_DIM=16, NUM_HEADS=2, NUM_ENCODER_LAYERS=1,
              NUM_DECODER_LAYERS=1, BATCH_SIZE=4, EVAL_BATCH_SIZE=4,
              MAX_LENGTH=8, NUM_MICRO_BATCHES=1, SHUFFLE_BUFFER_SIZE=8)
@@ -60,7 +62,8 @@ _NAMED_KEYS = [(key.replace('.', '_'), key) for key in _KEYS]
 
 def _TinyParams(key, data_dir):
   cls = model_registry.GetClass(key)
-  attrs = dict(_TINY, DATA_DIR=data_dir)
+  attrs = dict(_TINY, DATA_DIR=data_dir,
+               NUM_PARTITIONS=min(cls.NUM_PARTITIONS, _TEST_DEVICES))
   if base_input_generator.IsLocalBuilder(cls.DATASET):
     attrs['DATASET'] = cls.DATASET.split('/')[0] + '/tiny'
   tiny = type(f'{cls.__name__}Tiny', (cls,), attrs)()
@@ -108,12 +111,42 @@ class RegisteredMTModelsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(12 * count, 8e9)
     self.assertLess(12 * max(parts), 8e9 / 3)
 
+  def testDeepestPaperSetting(self):
+    # GPipe's T(64, 16384, 32): 64 + 64 layers, ff 16384, 32 heads, d 1024,
+    # a 64k vocabulary, 16 partitions ("6B", a round figure: the module
+    # docstring). Counted shapes-only, against the architecture's formula.
+    key = 'mt.wmt_multilingual.Transformer64x64GPipe'
+    cls = model_registry.GetClass(key)
+    d, h, v = 1024, 16384, 64000
+    self.assertEqual((64, 64, d, h, 32, v, 16),
+                     (cls.NUM_ENCODER_LAYERS, cls.NUM_DECODER_LAYERS,
+                      cls.MODEL_DIM, cls.HIDDEN_DIM, cls.NUM_HEADS,
+                      cls.VOCAB_SIZE, cls.NUM_PARTITIONS))
+    count, parts = self._Count(key)
+    self.assertEqual(_TransformerCount(64, 64, d, h, v), count)
+    self.assertLen(parts, 16)
+    self.assertBetween(count, 5.0e9, 6.0e9)
+    # Weights and Adam's slots: far above one 16 GB accelerator whole,
+    # about a quarter of one per partition (4.0 GB for 8 decoder layers).
+    self.assertGreater(12 * count, 3 * 16e9)
+    self.assertLess(12 * max(parts), 16e9 / 3)
+
   def _Count(self, key):
+    """(the task's parameters, each partition's), shapes only.
+
+    The task is built with K=1 (a K=16 PipeliningLayer wants 16 devices,
+    this test has 4); the partitions are counted from the real cell_tpl.
+    """
+    cls = model_registry.GetClass(key)
     p = model_registry.GetParams(key)
+    one = type(f'{cls.__name__}K1', (cls,), dict(NUM_PARTITIONS=1))()
     with base_layer.VariableShapesOnly():
-      task = p.task.Set(name='task').Instantiate()
-      return (base_layer.NumParameters(task),
-              [base_layer.NumParameters(c) for c in task.stack.cells])
+      task = one.Task().Set(name='task').Instantiate()
+      parts = [base_layer.NumParameters(cell.Copy().Set(
+          name=f'cell{i}').Instantiate())
+               for i, cell in enumerate(p.task.stack.cell_tpl)]
+      self.assertEqual(base_layer.NumParameters(task.stack), sum(parts))
+      return base_layer.NumParameters(task), parts
 
   @parameterized.named_parameters(*_NAMED_KEYS)
   def testTinyVersionTrainsOneStepAndDecodes(self, key):
@@ -124,8 +157,9 @@ class RegisteredMTModelsTest(tf.test.TestCase, parameterized.TestCase):
       self.enter_context(tfds.testing.mock_data(num_examples=16))
     task_p, train_p, dev_p = _TinyParams(key, data_dir)
     task = task_p.Instantiate()
-    self.assertEqual(model_registry.GetClass(key).NUM_PARTITIONS,
-                     task.stack.num_partitions)
+    self.assertEqual(
+        min(model_registry.GetClass(key).NUM_PARTITIONS, _TEST_DEVICES),
+        task.stack.num_partitions)
     task.CreateTrainState()
     batch = next(iter(train_p.Instantiate().GetDataset()))
     out = tf.function(task.TrainStep, autograph=False)(batch)
@@ -142,6 +176,20 @@ class RegisteredMTModelsTest(tf.test.TestCase, parameterized.TestCase):
         tf.nest.map_structure(lambda t: t.numpy(), decoded), metrics)
     self.assertBetween(metrics['bleu'].value, 0.0, 100.0)
     self.assertEqual(4, metrics['exact_match'].total_weight)
+
+
+def _TransformerCount(enc, dec, d, h, v):
+  """Parameters of our pre-norm Transformer (transformer.py), by formula.
+
+  Attention: Q, K, V, output projections with biases, a layer norm;
+  feed-forward: two projections with biases, a layer norm; each stack ends
+  in a layer norm; one [v, d] table embeds both sides and is the softmax.
+  """
+  norm = 2 * d
+  attention = 4 * d * d + 4 * d + norm
+  feed_forward = 2 * d * h + h + d + norm
+  return (enc * (attention + feed_forward) +
+          dec * (2 * attention + feed_forward) + 2 * norm + v * d)
 
 
 if __name__ == '__main__':
