@@ -1,12 +1,13 @@
 """The paper's Table 2 on this machine: normalised throughput over K and M.
 
   .venv/bin/python bench/throughput/table2.py [--model=transformer]
-      [--rounds=5] [--warmup=2] [--ms=1,4,8,32] [--json_out=FILE]
+      [--rounds=5] [--warmup=2] [--ms=1,4,8,32] [--filters=16]
+      [--parts=workers,logical] [--json_out=FILE]
 
 --model=transformer: bench/gpipe's Transformer stack (stack.py: 8 encoder
-layers, d=256, batch 32); --model=amoebanet: AmoebaNet-D (6, 16) of
-lingvo_pipe.tasks.image.amoebanet (the published cells, CIFAR stem), on
-32x32 images, batch 32, partitioned by flops. GPipe's re-computation
+layers, d=256, batch 32); --model=amoebanet: AmoebaNet-D (6, --filters)
+of lingvo_pipe.tasks.image.amoebanet (the published cells, CIFAR stem),
+on 32x32 images, batch 32, partitioned by flops. GPipe's re-computation
 ('always'); a step is the forward, the loss (mean square of the output)
 and every variable's gradient (no update). Per (K, M):
 
@@ -71,7 +72,7 @@ def _Client(args: argparse.Namespace) -> None:
   if args.model == 'transformer':
     inputs, describe = stack_lib.Inputs(stack), stack.Describe()
   else:
-    inputs, describe = _AmoebaInputs(), _AMOEBA_TEXT
+    inputs, describe = _AmoebaInputs(), _AmoebaText(args.filters)
   steps, out = {}, {}
   for k in args.ks:
     for m in args.ms:
@@ -80,7 +81,7 @@ def _Client(args: argparse.Namespace) -> None:
         layer = stack_lib.BuildModel(stack, setup, devices)
         fn = stack_lib.StepFunction(layer, setup, devices[0])
       else:
-        fn = _AmoebaStep(k, m, devices)
+        fn = _AmoebaStep(k, m, devices, args.filters)
       steps[_Label(k, m)] = stack_lib.Prepare(fn, inputs, args.warmup).fn
       trace = step_trace.Measure(fn.python_function, inputs, warmup=1)
       layer_path = trace.Layers()[0]
@@ -98,10 +99,13 @@ def _Client(args: argparse.Namespace) -> None:
 
 
 # AmoebaNet-D with the published cells, CIFAR-sized.
-_AMOEBA = dict(num_cells=6, filters=16, num_classes=10, stem='cifar')
+_AMOEBA = dict(num_cells=6, num_classes=10, stem='cifar')
 _AMOEBA_BATCH = 32
-_AMOEBA_TEXT = ('AmoebaNet-D (L, D) = (6, 16) of lingvo_pipe.tasks.image.'
-                f'amoebanet, 32x32x3 images, batch {_AMOEBA_BATCH}, float32')
+
+
+def _AmoebaText(filters: int) -> str:
+  return (f'AmoebaNet-D (L, D) = (6, {filters}) of lingvo_pipe.tasks.image.'
+          f'amoebanet, 32x32x3 images, batch {_AMOEBA_BATCH}, float32')
 
 
 def _AmoebaInputs():
@@ -109,13 +113,13 @@ def _AmoebaInputs():
   return tf.random.stateless_normal([_AMOEBA_BATCH, 32, 32, 3], [1, 2])
 
 
-def _AmoebaStep(k: int, m: int, devices: List[str]):
+def _AmoebaStep(k: int, m: int, devices: List[str], filters: int):
   """tf.function: images -> (loss, every gradient); partitions by flops."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tasks.image import amoebanet  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tasks.image import model  # pylint: disable=g-import-not-at-top
   p = model.GPipeNetworkParams(
-      amoebanet.AmoebaNetD(**_AMOEBA), k, m,
+      amoebanet.AmoebaNetD(filters=filters, **_AMOEBA), k, m,
       tf.TensorShape([_AMOEBA_BATCH // m, 32, 32, 3]))
   layer = p.Set(name='amoebanet', devices=devices[:k]).Instantiate()
   layer.SetTraining(True)
@@ -137,7 +141,8 @@ def _RunClient(args: argparse.Namespace, ks: List[int], spec: str) -> dict:
   command = [sys.executable, os.path.abspath(__file__), '--client',
              f'--model={args.model}',
              '--ks=' + ','.join(map(str, ks)), f'--ms={args.ms}',
-             f'--rounds={args.rounds}', f'--warmup={args.warmup}']
+             f'--rounds={args.rounds}', f'--warmup={args.warmup}',
+             f'--filters={args.filters}']
   if spec:
     command.append(f'--cluster_spec={spec}')
   child = subprocess.run(command, capture_output=True, text=True,
@@ -175,12 +180,24 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--ms', default='1,4,8,32')
   parser.add_argument('--model', choices=['transformer', 'amoebanet'],
                       default='transformer')
+  parser.add_argument('--filters', type=int, default=16,
+                      help='AmoebaNet-D\'s D (--model=amoebanet).')
+  parser.add_argument('--parts', default='workers,logical',
+                      help='workers: K=1, 2 on two worker processes; '
+                      'logical: K=2, 4, 8 on logical CPUs.')
   parser.add_argument('--timeout', type=float, default=3600)
   parser.add_argument('--json_out', default='')
   parser.add_argument('--client', action='store_true', help=argparse.SUPPRESS)
   parser.add_argument('--ks', help=argparse.SUPPRESS)
   parser.add_argument('--cluster_spec', default='', help=argparse.SUPPRESS)
   args = parser.parse_args()
+  args.parts = args.parts.split(',')
+  unknown = set(args.parts) - {'workers', 'logical'}
+  if unknown or not args.parts:
+    parser.error(f'--parts={",".join(args.parts)}: give workers, logical '
+                 'or both.')
+  if args.filters < 1:
+    parser.error(f'--filters={args.filters}: give a positive D.')
   if args.client:
     args.ks = [int(k) for k in args.ks.split(',')]
     args.ms = [int(m) for m in args.ms.split(',')]
@@ -196,18 +213,23 @@ def main() -> None:
   print(f'$ {" ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}\n'
         f'{time.strftime("%Y-%m-%d %H:%M")} UTC, nproc {os.cpu_count()}, '
         f'load {os.getloadavg()[0]:.2f}', flush=True)
-  with tempfile.TemporaryDirectory(prefix='table2_') as logs:
-    with local_workers.LocalWorkers(2, logs, cores=[0, 1]) as workers:
-      part1 = _RunClient(args, [1, 2], workers.spec)
-  print(f'\nModel: {part1["stack"]}; re-computation always.\n\n'
-        '### K=1, 2 on two worker processes, one core each\n\n' +
-        _Table(part1, [1, 2], ms), flush=True)
-  part2 = _RunClient(args, [2, 4, 8], '')
-  print('\n### K=2, 4, 8 on 8 logical CPUs sharing 2 cores (overheads, not '
-        'speed)\n\n' + _Table(part2, [2, 4, 8], ms), flush=True)
+  results = {}
+  if 'workers' in args.parts:
+    with tempfile.TemporaryDirectory(prefix='table2_') as logs:
+      with local_workers.LocalWorkers(2, logs, cores=[0, 1]) as workers:
+        part1 = results['workers'] = _RunClient(args, [1, 2], workers.spec)
+    print(f'\nModel: {part1["stack"]}; re-computation always.\n\n'
+          '### K=1, 2 on two worker processes, one core each\n\n' +
+          _Table(part1, [1, 2], ms), flush=True)
+  if 'logical' in args.parts:
+    part2 = results['logical'] = _RunClient(args, [2, 4, 8], '')
+    if 'workers' not in args.parts:
+      print(f'\nModel: {part2["stack"]}; re-computation always.')
+    print('\n### K=2, 4, 8 on 8 logical CPUs sharing 2 cores (overheads, '
+          'not speed)\n\n' + _Table(part2, [2, 4, 8], ms), flush=True)
   if args.json_out:
     with open(args.json_out, 'w') as f:
-      json.dump({'workers': part1, 'logical': part2}, f)
+      json.dump(results, f)
 
 
 if __name__ == '__main__':
