@@ -65,6 +65,42 @@ def Activation(name: str, x: tf.Tensor) -> tf.Tensor:
 # ---- helpers -----------------------------------------------------------
 
 
+def MatmulLastDim(x: tf.Tensor, w: tf.Tensor,
+                  transpose_w: bool = False) -> tf.Tensor:
+  """x [..., i] @ w [i, o] -> [..., o] (w [o, i] if transpose_w).
+
+  The forward is TF's einsum over x's leading dimensions; the gradient of
+  w is one [i, rows] @ [rows, o] matmul over all rows of x. TF's own
+  einsum gradient for a broadcast ('...') operand builds the [rows, i, o]
+  outer products and then sums them: measured, a [4, 64, 512] input
+  through two 512 x 512 projections peaked at 1026 MiB and took 850 ms
+  per step, against 6 MiB and 16 ms for the same matmuls (docs/DESIGN.md
+  section 27).
+  """
+  return _MatmulLastDim(x, tf.convert_to_tensor(w), transpose_w)
+
+
+def _MatmulLastDim(x: tf.Tensor, w: tf.Tensor, transpose_w: bool) -> Any:
+  x_eq, w_eq, y_eq = '...i', 'oi' if transpose_w else 'io', '...o'
+
+  @tf.custom_gradient
+  def Matmul(x, w):
+    def Grad(dy: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+      # The input's gradient as TF's einsum gradient computes it.
+      dx = tf.einsum(f'{y_eq},{w_eq}->{x_eq}', dy, w)
+      flat_x = tf.reshape(x, [-1, x.shape[-1]])
+      flat_dy = tf.reshape(dy, [-1, dy.shape[-1]])
+      if transpose_w:
+        dw = tf.matmul(flat_dy, flat_x, transpose_a=True)
+      else:
+        dw = tf.matmul(flat_x, flat_dy, transpose_a=True)
+      return dx, dw
+
+    return tf.einsum(f'{x_eq},{w_eq}->{y_eq}', x, w), Grad
+
+  return Matmul(x, w)
+
+
 def _Shape(shape: Any) -> tf.TensorShape:
   return tf.TensorShape(shape)
 
@@ -186,7 +222,7 @@ class ProjectionLayer(base_layer.BaseLayer):
     p = self.params
     _CheckLastDim(self, inputs, p.input_dim)
     theta = _FPropTheta(self, theta)
-    y = tf.einsum('...i,io->...o', inputs, theta.w)
+    y = MatmulLastDim(inputs, theta.w)
     if p.has_bias:
       y += theta.b
     return Activation(p.activation, y)
@@ -439,7 +475,7 @@ class EmbeddingLayer(base_layer.BaseLayer):
     """inputs [..., embedding_dim] -> logits [..., vocab_size] = x @ w^T."""
     _CheckLastDim(self, inputs, self.params.embedding_dim)
     theta = _FPropTheta(self, theta)
-    return tf.einsum('...d,vd->...v', inputs, theta.w)
+    return MatmulLastDim(inputs, theta.w, transpose_w=True)
 
   @classmethod
   def FPropMeta(cls, params: hyperparams.Params,

@@ -206,6 +206,57 @@ class ProjectionTest(_Case):
       layer.FProp(layer.theta, tf.zeros([2, 5], tf.float64))
 
 
+class MatmulLastDimTest(_Case):
+  """The weight gradient of a projection over [..., i] inputs."""
+
+  def _LargestGradientTensor(self, fn, x_shape, w_shape):
+    """Elements of the largest tensor in the traced gradient graph."""
+    w = tf.Variable(tf.zeros(w_shape, tf.float32))
+
+    def Grads(x):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.square(fn(x, w)))
+      return tape.gradient(loss, [x, w])
+
+    graph = tf.function(Grads, autograph=False).get_concrete_function(
+        tf.TensorSpec(x_shape, tf.float32)).graph
+    return max(t.shape.num_elements() or 0
+               for op in graph.get_operations() for t in op.outputs)
+
+  @parameterized.parameters(False, True)
+  def testNoPerRowOuterProducts(self, transpose_w):
+    # TF's einsum gradient for '...i,io->...o' builds [i, o, 8, 16] (24576
+    # elements x rows) and sums it; ours never holds more than the
+    # largest of x, y, w.
+    x_shape, (i, o) = [8, 16, 12], (12, 20)
+    w_shape = [o, i] if transpose_w else [i, o]
+    ours = self._LargestGradientTensor(
+        lambda x, w: layers.MatmulLastDim(x, w, transpose_w=transpose_w),
+        x_shape, w_shape)
+    self.assertLessEqual(ours, 8 * 16 * o)
+    eq = '...i,oi->...o' if transpose_w else '...i,io->...o'
+    tfs = self._LargestGradientTensor(
+        lambda x, w: tf.einsum(eq, x, w), x_shape, w_shape)
+    self.assertEqual(8 * 16 * i * o, tfs)  # what it replaces
+
+  @parameterized.parameters(([5, 3],), ([2, 5, 3],), ([2, 2, 5, 3],))
+  def testEqualsEinsumWithItsGradients(self, shape):
+    w = tf.constant(_Rand(3, 4, seed=1))
+    x = tf.constant(_Rand(*shape))
+    r = tf.constant(_Rand(*shape[:-1], 4, seed=2))
+    for transpose_w, eq, w_in in ((False, '...i,io->...o', w),
+                                  (True, '...i,oi->...o', tf.transpose(w))):
+      with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, w_in])
+        ours = layers.MatmulLastDim(x, w_in, transpose_w=transpose_w)
+        ref = tf.einsum(eq, x, w_in)
+        loss_ours, loss_ref = tf.reduce_sum(ours * r), tf.reduce_sum(ref * r)
+      self.assertAllEqual(ref, ours)  # the same forward op
+      for g, g_ref in zip(tape.gradient(loss_ours, [x, w_in]),
+                          tape.gradient(loss_ref, [x, w_in])):
+        self.assertAllClose(g_ref, g, **_TOL)
+
+
 class ConvTest(_Case):
 
   @parameterized.parameters(
