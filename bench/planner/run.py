@@ -1,7 +1,8 @@
 """The planner's predictions against measurement, per configuration.
 
   .venv/bin/python bench/planner/run.py [--models=transformer,amoebanet]
-      [--ks=1,2] [--ms=1,4,8] [--rounds=7] [--json_out=FILE]
+      [--ks=1,2] [--ms=1,4,8] [--rounds=7] [--memory_runs=3]
+      [--json_out=FILE]
 
 For each model and (K, M), recompute 'always', batch 32:
 1. Predicted (a process pinned to core 0 with `taskset`, as each worker
@@ -14,13 +15,14 @@ For each model and (K, M), recompute 'always', batch 32:
    A step is forward, loss = mean(output ** 2) and every gradient, no
    update (as bench/gpipe). Step time: median over `rounds` interleaved
    rounds (every configuration one step per round, starting one further
-   along each round: stack.Rotations). Memory per worker: its RSS
-   high-water mark during a step minus its RSS before it (median of three
-   steps), after warm-up (bench/gpipe/device_memory.py's method), with
-   glibc's mmap threshold at 128 KiB and oneDNN off in the client and the
-   workers so that RSS follows the live tensors. Times come from a second
-   pass on fresh workers with TF's defaults (the profile too), as a user
-   runs.
+   along each round: stack.Rotations), on workers with TF's defaults (the
+   profile too), as a user runs. Step memory per worker: its allocator's
+   peak during a step minus what it held before the step (workers with
+   TF_CPU_ALLOCATOR_USE_BFC=true, read by LocalWorkers.ReadServerMemory),
+   the most of five steps after warm-up; that is repeated on
+   `memory_runs` fresh pairs of workers and the median reported with the
+   range (one run's reading of a cell varies by up to a third: the
+   executor's two threads order the ops differently from run to run).
 
 Models: 'transformer' is bench/gpipe's stack (8 TransformerEncoderLayers,
 d=256, ff 1024, 4 heads, seq 64); 'amoebanet' is AmoebaNet-D (6, 16) of
@@ -232,17 +234,21 @@ def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
   mib = 2**20
   lines = [f'### {model}', '',
            '| K M | split | step predicted | measured | error | step memory '
-           'per worker predicted | measured | error |',
+           'per worker predicted | measured, median (range) | error |',
            '|---|---|---|---|---|---|---|---|']
   for label, p in pred.items():
     k, m = label.split(',')
     t = statistics.median(meas[label]['times'])
     mem_p, mem_m = p['step_bytes'], meas[label]['step_bytes']
+    runs = meas[label]['step_bytes_runs']
+    measured = [f'{x / mib:.1f}' + (
+        f' ({min(w) / mib:.0f}-{max(w) / mib:.0f})' if len(runs) > 1 else '')
+                for x, w in zip(mem_m, zip(*runs) if runs else mem_m)]
     lines.append(
         f'| {k} {m} | {p["bounds"]} | {p["step_s"]:.3f} s | {t:.3f} s | '
         f'{_Error(p["step_s"], t)} | '
         + ', '.join(f'{x / mib:.1f}' for x in mem_p) + ' MiB | '
-        + ', '.join(f'{x / mib:.1f}' for x in mem_m) + ' MiB | '
+        + ', '.join(measured) + ' MiB | '
         + ', '.join(_Error(a, b) for a, b in zip(mem_p, mem_m)) + ' |')
   return '\n'.join(lines)
 
@@ -255,6 +261,9 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--rounds', type=int, default=7)
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--timing_runs', type=int, default=7)
+  parser.add_argument('--memory_runs', type=int, default=3,
+                      help='Fresh worker pairs the step memory is measured '
+                      'on; the median is compared.')
   parser.add_argument('--timeout', type=float, default=3600)
   parser.add_argument('--json_out', default='')
   parser.add_argument('--parts', default='memory,time',
@@ -266,7 +275,10 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--cluster_spec', default='', help=argparse.SUPPRESS)
   parser.add_argument('--pids', default='', help=argparse.SUPPRESS)
   parser.add_argument('--predicted', default='', help=argparse.SUPPRESS)
-  return parser.parse_args()
+  args = parser.parse_args()
+  if args.memory_runs < 1:
+    parser.error(f'--memory_runs={args.memory_runs}: give at least 1.')
+  return args
 
 
 def main() -> None:
@@ -286,15 +298,20 @@ def main() -> None:
   for model in args.models.split(','):
     args.model = model
     pred = _Child(args, 'predict', [], pin=True)
+    memory_runs = []
+    if 'memory' in args.parts.split(','):
+      memory_runs = [_MeasureOnWorkers(args, 'memory', pred, MEMORY_ENV)
+                     for _ in range(args.memory_runs)]
+    times = (_MeasureOnWorkers(args, 'time', pred, {})
+             if 'time' in args.parts.split(',') else None)
     meas = {}
-    for part, env in (('memory', MEMORY_ENV), ('time', {})):
-      if part in args.parts.split(','):
-        meas[part] = _MeasureOnWorkers(args, part, pred, env)
-    meas = {label: {
-        'times': meas['time'][label]['times'] if 'time' in meas else [0.0],
-        'step_bytes': (meas['memory'][label]['step_bytes'] if 'memory' in meas
-                       else [0] * len(pred[label]['step_bytes']))}
-            for label in pred}
+    for label in pred:
+      runs = [run[label]['step_bytes'] for run in memory_runs]
+      meas[label] = {
+          'times': times[label]['times'] if times else [0.0],
+          'step_bytes': ([int(statistics.median(w)) for w in zip(*runs)]
+                         if runs else [0] * len(pred[label]['step_bytes'])),
+          'step_bytes_runs': runs}
     results[model] = {'predicted': pred, 'measured': meas}
     print('\n' + _Table(model, pred, meas), flush=True)
   if args.json_out:
