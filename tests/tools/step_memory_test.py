@@ -1,0 +1,107 @@
+"""The planner's step memory against TensorFlow's allocator, end to end.
+
+Two 1024 x 1024 projections (8 MiB of parameters) on 32 rows, K=1: the
+parameters outweigh the activations, so the step's peak is the gradients:
+one copy of the parameters with M=1, three with M > 1 while a
+micro-batch's gradients are added to the running sum (step_model.py). A
+child process (this file with --child; the allocator keeps statistics only
+if told before TensorFlow starts) profiles the layers, predicts and
+measures.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+if __name__ == '__main__' and sys.argv[1:2] == ['--child']:
+  from lingvo_pipe.tools import plan
+  plan.SetUpProcess()  # the allocator's statistics, as the planner runs
+
+from absl.testing import absltest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from lingvo_pipe.core import devices  # noqa: E402
+from lingvo_pipe.core import gpipe  # noqa: E402
+from lingvo_pipe.core import layers  # noqa: E402
+from lingvo_pipe.tools import layer_profile  # noqa: E402
+from lingvo_pipe.tools import step_model  # noqa: E402
+
+MIB = 2**20
+DIM, BATCH = 1024, 32
+PARAMS = 2 * (DIM * DIM + DIM) * 4
+
+
+def _Layers():
+  return [layers.ProjectionLayer.Params().Set(
+      name=f'proj{i}', input_dim=DIM, output_dim=DIM) for i in range(2)]
+
+
+def _Measured(m: int) -> int:
+  """The allocator's peak above what it held before, the most of 3 steps."""
+  cell = layers.SequentialLayer.Params().Set(name='cell_0', sub=_Layers())
+  layer = gpipe.PipeliningLayer.Params().Set(
+      name=f'pipe{m}', cell_tpl=[cell], num_micro_batches=m,
+      recompute='always', devices=['/device:CPU:0']).Instantiate()
+  layer.SetTraining(True)
+  variables = layer.vars.Flatten()
+
+  def Step(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(layer.FPropDefaultTheta(x)))
+    return loss, tape.gradient(loss, variables)
+
+  step = tf.function(Step, autograph=False)
+  x = tf.random.stateless_normal([BATCH, DIM], [1, 2])
+  step(x)[0].numpy()
+  most = 0
+  for _ in range(3):
+    tf.config.experimental.reset_memory_stats('CPU:0')
+    before = tf.config.experimental.get_memory_info('CPU:0')['current']
+    result = step(x)
+    result[0].numpy()
+    most = max(most, tf.config.experimental.get_memory_info('CPU:0')['peak']
+               - before)
+    del result
+  return most
+
+
+def _Child(ms: str) -> None:
+  """The child: predicted and measured step bytes per M, as JSON."""
+  devices.SplitCpu(1)
+  out = {}
+  for m in map(int, ms.split(',')):
+    profiles = layer_profile.ProfileLayers(
+        _Layers(), tf.TensorShape([BATCH // m, DIM]), num_runs=3)
+    predicted = step_model.Predict(profiles, [0, 2], m)[0].step_bytes
+    out[m] = [predicted, _Measured(m)]
+  print(json.dumps(out), flush=True)
+
+
+class StepMemoryTest(absltest.TestCase):
+
+  def testPredictionMatchesTheAllocator(self):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    child = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), '--child', '1,4'],
+        capture_output=True, text=True, timeout=600, cwd=root,
+        env=dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL='2'))
+    self.assertEqual(0, child.returncode, child.stderr[-3000:])
+    out = json.loads(child.stdout.strip().splitlines()[-1])
+    for m, copies in (('1', 1), ('4', 3)):
+      predicted, measured = out[m]
+      msg = (f'M={m}: predicted {predicted / MIB:.2f} MiB, measured '
+             f'{measured / MIB:.2f} MiB, parameters {PARAMS / MIB:.2f} MiB')
+      # The gradients' copies of the parameters, plus the activations
+      # (under 1 MiB here).
+      self.assertBetween(measured, copies * PARAMS, copies * PARAMS + MIB,
+                         msg)
+      self.assertBetween(predicted / measured, 0.95, 1.05, msg)
+
+
+if __name__ == '__main__':
+  if sys.argv[1:2] == ['--child']:
+    _Child(sys.argv[2])
+  else:
+    absltest.main()
