@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: pytest over tests/, then every Bazel test.
 #   1. bash tools/setup.sh      creates or checks .venv
-#   2. pytest tests             every *_test.py once, in one process
+#   2. pytest tests             every *_test.py once, in one process (and
+#                               the 15 slowest tests, to keep an eye on)
 #   3. bash tools/bazel_test.sh bazel test //... (one process per test file,
 #                               and checks the BUILD files' deps), except
 #                               the tests tagged "integration" (trainer and
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 bash tools/setup.sh
 
 status=0
-.venv/bin/python -m pytest tests -q || status=$?
+.venv/bin/python -m pytest tests -q --durations=15 || status=$?
 if [ "$status" -eq 5 ]; then
   echo "tools/test.sh: FAILED: pytest collected no tests under tests/" \
     "(expected *_test.py files)" >&2
