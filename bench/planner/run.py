@@ -298,12 +298,12 @@ def main() -> None:
   for model in args.models.split(','):
     args.model = model
     pred = _Child(args, 'predict', [], pin=True)
-    memory_runs = []
-    if 'memory' in args.parts.split(','):
-      memory_runs = [_MeasureOnWorkers(args, 'memory', pred, MEMORY_ENV)
-                     for _ in range(args.memory_runs)]
+    parts = args.parts.split(',')
+    memory_runs = [_MeasureOnWorkers(args, 'memory', pred, MEMORY_ENV)
+                   for _ in range(args.memory_runs if 'memory' in parts
+                                  else 0)]
     times = (_MeasureOnWorkers(args, 'time', pred, {})
-             if 'time' in args.parts.split(',') else None)
+             if 'time' in parts else None)
     meas = {}
     for label in pred:
       runs = [run[label]['step_bytes'] for run in memory_runs]

@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
 import tensorflow as tf  # noqa: E402
 
 from lingvo_pipe.core import layers  # noqa: E402
+from lingvo_pipe.tools import layer_profile  # noqa: E402
 
 MIB = 2**20
 # (x shape, i = o): a classifier head's rows, a micro-batch of sequences.
@@ -64,13 +65,6 @@ def _Step(fn, d):
   return tf.function(Step, autograph=False)
 
 
-def _Peak(step, x) -> int:
-  tf.config.experimental.reset_memory_stats('CPU:0')
-  before = tf.config.experimental.get_memory_info('CPU:0')['current']
-  step(x)[0].numpy()
-  return tf.config.experimental.get_memory_info('CPU:0')['peak'] - before
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=7)
@@ -88,7 +82,7 @@ def main() -> None:
     for name, step in steps.items():
       for _ in range(2):
         step(x)[0].numpy()
-      peaks[name] = _Peak(step, x)
+      peaks[name] = layer_profile.PeakBytes(step, (x,), 'CPU:0', num_runs=1)
     times = {name: [] for name in steps}
     for _ in range(args.rounds):
       for name, step in steps.items():

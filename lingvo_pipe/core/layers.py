@@ -77,10 +77,6 @@ def MatmulLastDim(x: tf.Tensor, w: tf.Tensor,
   against 2.5 MiB and 15 ms with this function (bench/projection,
   docs/DESIGN.md section 27).
   """
-  return _MatmulLastDim(x, tf.convert_to_tensor(w), transpose_w)
-
-
-def _MatmulLastDim(x: tf.Tensor, w: tf.Tensor, transpose_w: bool) -> Any:
   x_eq, w_eq, y_eq = '...i', 'oi' if transpose_w else 'io', '...o'
 
   @tf.custom_gradient
@@ -88,17 +84,22 @@ def _MatmulLastDim(x: tf.Tensor, w: tf.Tensor, transpose_w: bool) -> Any:
     def Grad(dy: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
       # The input's gradient as TF's einsum gradient computes it.
       dx = tf.einsum(f'{y_eq},{w_eq}->{x_eq}', dy, w)
-      flat_x = tf.reshape(x, [-1, x.shape[-1]])
-      flat_dy = tf.reshape(dy, [-1, dy.shape[-1]])
-      if transpose_w:
-        dw = tf.matmul(flat_dy, flat_x, transpose_a=True)
-      else:
-        dw = tf.matmul(flat_x, flat_dy, transpose_a=True)
+      dw = RowsMatmul(dy, x) if transpose_w else RowsMatmul(x, dy)
       return dx, dw
 
     return tf.einsum(f'{x_eq},{w_eq}->{y_eq}', x, w), Grad
 
-  return Matmul(x, w)
+  return Matmul(x, tf.convert_to_tensor(w))
+
+
+def RowsMatmul(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+  """a [..., p], b [..., q] -> [p, q]: sum over all rows of a^T b, as one
+  flat matmul (the weight gradient of a projection over [..., p])."""
+  def Rows(t):
+    last = t.shape[-1] if t.shape[-1] is not None else tf.shape(t)[-1]
+    return tf.reshape(t, [-1, last])
+
+  return tf.matmul(Rows(a), Rows(b), transpose_a=True)
 
 
 def _Shape(shape: Any) -> tf.TensorShape:

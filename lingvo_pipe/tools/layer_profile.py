@@ -118,10 +118,10 @@ def AllocatorDevice() -> Optional[str]:
   return name
 
 
-def _BackwardPeak(fn: Any, inputs: Tuple[Any, ...], device: Optional[str],
-                  num_runs: int = 3) -> Optional[int]:
+def PeakBytes(fn: Any, inputs: Tuple[Any, ...], device: Optional[str],
+              num_runs: int = 3) -> Optional[int]:
   """Bytes the allocator's peak rises above what it holds before a call of
-  the (warmed-up) backward function, the most of `num_runs` calls (with
+  the (warmed-up) function `fn`, the most of `num_runs` calls (with
   two threads the executor's order, and so the peak, varies); None
   without statistics."""
   if device is None:
@@ -175,7 +175,7 @@ def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
   forward_s, out = partitioner.MedianSeconds(fprop, args, num_runs)
   grad_fn, grad_inputs = _GradientFn(layer, args, out)
   both_s, _ = partitioner.MedianSeconds(grad_fn, grad_inputs, num_runs)
-  backward_peak = _BackwardPeak(grad_fn, grad_inputs, allocator)
+  backward_peak = PeakBytes(grad_fn, grad_inputs, allocator)
   residual_bytes, read_bytes = _KeptBytes(layer, args)
   variables = [v for v in layer.vars.Flatten() if v.trainable]
   slot_bytes = 0

@@ -54,16 +54,7 @@ def _Measured(m: int) -> int:
   step = tf.function(Step, autograph=False)
   x = tf.random.stateless_normal([BATCH, DIM], [1, 2])
   step(x)[0].numpy()
-  most = 0
-  for _ in range(3):
-    tf.config.experimental.reset_memory_stats('CPU:0')
-    before = tf.config.experimental.get_memory_info('CPU:0')['current']
-    result = step(x)
-    result[0].numpy()
-    most = max(most, tf.config.experimental.get_memory_info('CPU:0')['peak']
-               - before)
-    del result
-  return most
+  return layer_profile.PeakBytes(step, (x,), 'CPU:0', num_runs=3)
 
 
 def _Child(ms: str) -> None:
