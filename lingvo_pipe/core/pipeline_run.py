@@ -5,9 +5,10 @@ the schedule then calls once per micro-batch, so the graph has K x M call
 ops instead of K x M copies of the layers (docs/DESIGN.md section 2):
 
   Forward_k(theta_k, x) -> y                 partition k's cell
-  Backward_k(theta_k, x, dy) -> dx, dtheta   re-computes the cell under a
-                                             tape, then its gradient
-  Accumulate_k(acc, dtheta) -> acc + dtheta
+  Backward_k(theta_k, x, dy, acc) -> dx, acc + dtheta
+                                             re-computes the cell under a
+                                             tape, then its gradient, and
+                                             adds it to the running sum
 
 A partition that keeps its activations (recompute 'never', the last one
 with 'except_last') uses `residuals.SplitCell` instead: a forward that also
@@ -25,10 +26,10 @@ tensors and every partition's theta tensors:
   backward:  split dy into M (device K-1)
              for each B(k, m) in schedule order:
                on device k, after B(k, m+1):
-                 keeping: dx, dtheta = backward(r[k][m], dy[k][m])
+                 acc_k = zeros (m = M-1)
+                 keeping: dx, acc_k = backward(r[k][m], dy[k][m], acc_k)
                  else, once dy[k][m] is also here:
-                   dx, dtheta = Backward_k(theta_k, x[k][m], dy[k][m])
-                 acc_k = dtheta (m = M-1), else Accumulate_k(acc_k, dtheta)
+                   dx, acc_k = Backward_k(theta_k, x[k][m], dy[k][m], acc_k)
              concat dx[0][*] (device 0)
 
 "after" is a control dependency on the previous task of the same device,
@@ -37,7 +38,11 @@ would prefer. Backward_k traces the cell under `NoStatUpdates`, so
 statistics (BatchNorm) are accumulated once per micro-batch. The
 functions are marked `_noinline`: the runtime runs each call as one
 function instead of pasting K x M copies of the layers back into the
-graph, so start-up does not grow with M either.
+graph, so start-up does not grow with M either. The gradient is added to
+the running sum inside the backward call, where the sum takes the fresh
+gradient's buffer: a separate addition would hold a third copy of the
+partition's parameters (docs/DESIGN.md section 28). The first sum starts
+from zeros, so every backward call is the same function, and 0 + g is g.
 
 Within `RecordTasks()` each task also gets runtime timestamps (start, end,
 and a backward's end of re-computation) for `step_trace`, the measured
@@ -288,7 +293,6 @@ class PipelineRun:
     # _BackwardTask); made only when the inputs come from no variable.
     self._backward_0_no_dx: Optional[Callable[..., Any]] = None
     self._input_gradient_fn: Optional[Callable[..., Any]] = None
-    self._accumulate_fns = [_OnDevice(_Accumulate, d) for d in self._devices]
     self._split_cells = {
         k: residuals.SplitCell(f'cell_{k}', self._ForwardFn(k),
                                lambda fn, d=d: _OnDevice(fn, d))
@@ -305,10 +309,10 @@ class PipelineRun:
 
   def _BackwardFn(self, k: int, device: str,
                   input_gradient: bool = True) -> Callable[..., Any]:
-    """B(k, m)'s call: (dx, dtheta[, recomputed]); dx None if not wanted."""
+    """B(k, m)'s call: (dx, acc + dtheta[, recomputed]); dx None if unwanted."""
     stamp = self._recorder is not None
 
-    def Backward(theta_leaves, x, dy, *clock):
+    def Backward(theta_leaves, x, dy, acc, *clock):
       theta_leaves, x = list(theta_leaves), list(x)
       sources = x if input_gradient else []
       tape = tf.GradientTape(watch_accessed_variables=False)
@@ -320,7 +324,8 @@ class PipelineRun:
       def Grads():
         dx, dtheta = residuals.Gradients(tape, y, list(dy), sources,
                                          theta_leaves)
-        return (dx if input_gradient else [None] * len(x)), dtheta
+        return ((dx if input_gradient else [None] * len(x)),
+                residuals.AddGradients(list(acc), dtheta))
 
       if not stamp:
         return Grads()
@@ -510,15 +515,14 @@ class PipelineRun:
         continue
       k, m = task.partition, task.micro_batch
       with tf.device(self._devices[k]), tf.name_scope(f'cell_{k}/bwd_{m}'):
-        dx, dtheta, stamps = self._BackwardTask(
-            k, m, thetas[k], dstate.pop((k, m)), last_on_device[k])
-        # The task ends with its own outputs; adding dtheta into the
-        # accumulator is not part of it. Nothing here may depend on the
-        # first partition's input gradient: the caller often has no use
-        # for it (images, token ids) and then the runtime prunes it.
-        mine = dtheta if k == 0 else dx + dtheta
+        dx, acc[k], stamps = self._BackwardTask(
+            k, m, thetas[k], dstate.pop((k, m)), last_on_device[k], acc[k])
+        # The task ends with its outputs, the running sum included. Nothing
+        # here may depend on the first partition's input gradient: the
+        # caller often has no use for it (images, token ids) and then the
+        # runtime prunes it.
+        mine = acc[k] if k == 0 else dx + acc[k]
         end = self._Finish('B', k, m, stamps[0], mine, stamps[1])
-        acc[k] = dtheta if acc[k] is None else self._Add(k, acc[k], dtheta)
       last_on_device[k] = [t for t in (dx if k > 0 else []) + acc[k]
                            if t is not None] + _Present(end)
       if k > 0:
@@ -528,27 +532,17 @@ class PipelineRun:
     dxs = self._Concat(dx0, self._devices[0])
     return dxs + [g for part in acc for g in part]
 
-  def _Add(self, k: int, acc: List[Optional[tf.Tensor]],
-           dtheta: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
-    """acc + dtheta leaf by leaf, in one call; None leaves stay None."""
-    where = [i for i, g in enumerate(dtheta) if g is not None]
-    if not where:
-      return list(acc)
-    sums = self._accumulate_fns[k]([acc[i] for i in where],
-                                   [dtheta[i] for i in where])
-    out = list(acc)
-    for i, s in zip(where, sums):
-      out[i] = s
-    return out
-
   def _BackwardTask(self, k: int, m: int, theta_leaves: List[tf.Tensor],
                     dy: List[Optional[tf.Tensor]], after: List[tf.Tensor],
+                    acc: Optional[List[Optional[tf.Tensor]]]
                     ) -> Tuple[List[Optional[tf.Tensor]],
                                List[Optional[tf.Tensor]],
                                Tuple[Optional[tf.Tensor],
                                      Optional[tf.Tensor]]]:
-    """B(k, m): (d inputs, d theta_k, stamps), grads None where not floating.
+    """B(k, m): (d inputs, acc + d theta_k, stamps), None where not floating.
 
+    `acc`: the running sum of partition k's gradients, None at its first
+    task (the sum then starts from zeros, made when the task starts).
     stamps: (start, recomputed) when recording (RecordTasks), recomputed
     None without re-computation; (None, None) otherwise.
     """
@@ -557,10 +551,14 @@ class PipelineRun:
     start = self._Begin(k, after + x + list(dy) + y + kept,
                         [('B', k + 1, m)] if k + 1 < self._k else [])
     after = list(after) + _Present(start)
+    if acc is None:
+      with _After(after), tf.name_scope('zeros'):
+        acc = [tf.zeros_like(t) if residuals.IsFloat(t) else None
+               for t in theta_leaves]
     if k in self._split_cells:
       with _After(after):
         dx, dtheta = self._split_cells[k].Backward(theta_leaves, x, kept, dy,
-                                                   y)
+                                                   y, acc)
       return list(dx), list(dtheta), (start, None)
     # Re-compute only once this device's previous backward is done AND
     # the gradient from partition k+1 is here (a data input of the call):
@@ -579,15 +577,12 @@ class PipelineRun:
       # it; nothing depends on that call unless the caller uses d(inputs)
       # (a tape that watched them), so otherwise the runtime prunes it.
       with _After(after):
-        out = self._backward_0_no_dx(theta_leaves, x, dy, *clock)
+        out = self._backward_0_no_dx(theta_leaves, x, dy, acc, *clock)
         dx = self._input_gradient_fn(theta_leaves, x, dy)
       recomputed = out[2] if self._recorder is not None else None
       return list(dx), list(out[1]), (start, recomputed)
     with _After(after):
-      out = self._backward_fns[k](theta_leaves, x, dy, *clock)
+      out = self._backward_fns[k](theta_leaves, x, dy, acc, *clock)
     recomputed = out[2] if self._recorder is not None else None
     return list(out[0]), list(out[1]), (start, recomputed)
 
-
-def _Accumulate(acc, dtheta):
-  return [a + g for a, g in zip(acc, dtheta)]

@@ -5,7 +5,7 @@ last one of `except_last`) runs two functions per micro-batch, each traced
 once however many micro-batches there are (docs/DESIGN.md section 2):
 
   forward(theta, x) -> (y, residuals)
-  backward(inputs, dy) -> (dx, dtheta)
+  backward(inputs, dy[, acc]) -> (dx, dtheta [+ acc])
 
 `residuals` are exactly the tensors of the forward that the gradient reads
 (activations, softmax outputs, masks ...). They are found by tracing the
@@ -60,6 +60,16 @@ def Gradients(tape: tf.GradientTape, y: Any, dy: Leaves, x: List[tf.Tensor],
       unconnected_gradients=tf.UnconnectedGradients.ZERO))
   full = [next(grads) if IsFloat(t) else None for t in x + theta_leaves]
   return full[:len(x)], full[len(x):]
+
+
+def AddGradients(acc: Leaves, grads: Leaves) -> Leaves:
+  """acc + grads leaf by leaf; None where a leaf has no gradient.
+
+  Called inside a backward function, the sum can take the buffer of the
+  gradient just computed, so a running sum costs no third copy
+  (docs/DESIGN.md section 28).
+  """
+  return [None if g is None else a + g for a, g in zip(acc, grads)]
 
 
 class _Backward:
@@ -257,11 +267,13 @@ class SplitCell:
   # ---- running ---------------------------------------------------------
 
   def Backward(self, theta_leaves: List[tf.Tensor], x: List[tf.Tensor],
-               residuals: List[tf.Tensor], dy: Leaves,
-               y: List[tf.Tensor]) -> Tuple[Leaves, Leaves]:
+               residuals: List[tf.Tensor], dy: Leaves, y: List[tf.Tensor],
+               acc: Optional[Leaves] = None) -> Tuple[Leaves, Leaves]:
     """One backward call: (d x, d theta) of the forward that made `residuals`.
 
-    `y` is that forward's output (which outputs can have a gradient).
+    `y` is that forward's output (which outputs can have a gradient). With
+    `acc` (a tensor per floating theta leaf) the call returns acc + d theta
+    instead of d theta, added inside the call (`AddGradients`).
     """
     wanted = tuple(d is not None and IsFloat(t) for t, d in zip(y, dy))
     backward = self._BackwardFor(wanted)
@@ -269,15 +281,19 @@ class SplitCell:
     pools = {'theta': theta_leaves, 'x': x, 'out': residuals, 'dy': live_dy,
              'capture': self._captured}
     inputs = [pools[kind][i] for kind, i in backward.refs]
-    if wanted not in self._backward_fns:
-      self._backward_fns[wanted] = self._BackwardFn(backward, wanted)
-    grads = list(self._backward_fns[wanted](inputs))
+    key = wanted + ((acc is not None),)
+    if key not in self._backward_fns:
+      self._backward_fns[key] = self._BackwardFn(backward, wanted,
+                                                 acc is not None)
+    extra = [] if acc is None else [acc]
+    grads = list(self._backward_fns[key](inputs, *extra))
     return grads[:backward.num_x], grads[backward.num_x:]
 
-  def _BackwardFn(self, backward: _Backward, wanted: Tuple[bool, ...]) -> Any:
+  def _BackwardFn(self, backward: _Backward, wanted: Tuple[bool, ...],
+                  accumulates: bool) -> Any:
     names = [o[1] for o in backward.outputs if o and o[0] == 'node']
 
-    def Backward(inputs):
+    def Backward(inputs, *acc):
       inputs = list(inputs)
       imported = iter(tf.graph_util.import_graph_def(
           backward.graph_def,
@@ -291,10 +307,14 @@ class SplitCell:
           out.append(next(imported))
         else:
           out.append(tf.identity(inputs[o[1]]))
+      if acc:
+        out[backward.num_x:] = AddGradients(list(acc[0]),
+                                            out[backward.num_x:])
       return out
 
     Backward.__name__ = (f'{self._name}_backward_keep_' +
-                         ''.join('1' if w else '0' for w in wanted))
+                         ''.join('1' if w else '0' for w in wanted) +
+                         ('_accumulate' if accumulates else ''))
     return self._wrap(Backward)
 
 

@@ -28,12 +28,13 @@ call). Memory of partition k, for one step, in bytes:
              gradients (with M = 1 they are in W_k)
   kept       M x in_k: each micro-batch's input, held until its backward
              + W_k while one micro-batch is re-computed and differentiated
-               (+ (M - 1) x R_k if it keeps activations), or 2 P_k while
-               a micro-batch's gradients are added to the sum (the
-               micro-batch's gradients and the new sum beside the old
-               sum: the addition is its own function, which cannot
-               overwrite its inputs; measured 3.00 P_k in all, docs/
-               DESIGN.md section 28), the larger
+               (+ (M - 1) x R_k if it keeps activations), at least P_k:
+               the backward call adds each gradient to the sum as it is
+               made, into the gradient's own buffer, and the old sum, an
+               input of the call, lives until the call ends (measured
+               2.00 P_k in all, docs/DESIGN.md section 28); W_k counts
+               the new sums of the layers already done as their
+               gradients
   last       the last partition also holds the whole batch's output and
              its gradient: 2 M x out
   peak       resident + gradients + kept (+ last); the step memory
@@ -123,9 +124,9 @@ def PredictPartition(part: Sequence[Profile], num_micro_batches: int,
   working = BackwardWorkingBytes(part, is_last)
   if keeps:
     working += (m - 1) * PartitionResidualBytes(part)
-  # Adding a micro-batch's gradients to the running sum: they and the new
-  # sum, beside the old sum (gradient_bytes).
-  kept = m * part[0].input_bytes + max(working, 2 * params if m > 1 else 0)
+  # The new running sum, beside the old one (gradient_bytes) until the
+  # backward call ends.
+  kept = m * part[0].input_bytes + max(working, params)
   if is_last:
     kept += 2 * m * part[-1].output_bytes
   return PartitionPrediction(

@@ -115,18 +115,18 @@ class SplitTest(parameterized.TestCase):
                      (6 * MIB, (4 + 17) * MIB))
     self.assertEqual(four.step_bytes, (6 + 4 + 17) * MIB)
     self.assertEqual(four.peak_bytes, (6 + 12 + 6 + 4 + 17) * MIB)
-    # Heavier parameters (20 + 20 MiB): adding a micro-batch's gradients
-    # to the sum holds the sum, them and the new sum, 3 x 40 MiB, more than
-    # the backward's working set (10 + 1 + 20 = 31 MiB).
+    # Heavier parameters (20 + 20 MiB): the backward call ends holding the
+    # old sum and the new one, 2 x 40 MiB, the new one more than the
+    # backward's working set (10 + 1 + 20 = 31 MiB).
     heavy = [dataclasses.replace(p, param_bytes=20 * MIB) for p in part]
     self.assertEqual(step_model.BackwardWorkingBytes(heavy, False),
                      31 * MIB)
     four = step_model.PredictPartition(heavy, 4, keeps=False, is_last=False)
     self.assertEqual((four.gradient_bytes, four.kept_bytes),
-                     (40 * MIB, (4 + 80) * MIB))
+                     (40 * MIB, (4 + 40) * MIB))
     one = step_model.PredictPartition(heavy, 1, keeps=False, is_last=False)
     self.assertEqual((one.gradient_bytes, one.kept_bytes),
-                     (0, (1 + 31) * MIB))
+                     (0, (1 + 40) * MIB))
 
 
 class StepTimeTest(absltest.TestCase):
