@@ -28,7 +28,11 @@ Models: 'transformer' is bench/gpipe's stack (8 TransformerEncoderLayers,
 d=256, ff 1024, 4 heads, seq 64); 'amoebanet' is AmoebaNet-D (6, 16) of
 tasks/image/amoebanet.py on 32x32x3 images (as bench/throughput). Before
 measuring it waits until no `bench/memory` process runs (two busy
-processes on 2 cores slow each other by 10-20%).
+processes on 2 cores slow each other by 10-20%). The times are taken
+right after the profile, the memory after them. Before the profile and
+after the timing it times bench/scaling/cores.py's numpy matmul pinned to
+each core alone and prints the seconds: a core that runs slower than the
+other (seen on this VM) shows there rather than as a planner error.
 """
 
 from __future__ import annotations
@@ -45,12 +49,14 @@ from typing import Any, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
+sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'scaling'))
 # The memory pass only: TF's CPU allocator then keeps statistics (as a
 # GPU's always does), read from each worker by LocalWorkers' ReadMemory.
 # Times are taken without it (TF's defaults, as a user runs).
 MEMORY_ENV = {'TF_CPU_ALLOCATOR_USE_BFC': 'true'}
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 
+import cores  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 
 BATCH = 32
@@ -225,6 +231,11 @@ def _WaitIdle() -> None:
     time.sleep(30)
 
 
+def _CoreSeconds() -> List[float]:
+  """bench/scaling/cores.py's numpy matmul pinned to core 0, then core 1."""
+  return [cores.Pinned('matmul', [core])[0] for core in (0, 1)]
+
+
 def _Error(pred: float, meas: float) -> str:
   """'+12%'; 'n/a' where nothing was measured (--parts)."""
   return f'{(pred - meas) / meas:+.0%}' if meas else 'n/a'
@@ -297,13 +308,17 @@ def main() -> None:
   results = {}
   for model in args.models.split(','):
     args.model = model
+    speeds = [_CoreSeconds()]
     pred = _Child(args, 'predict', [], pin=True)
     parts = args.parts.split(',')
+    # Time right after the profile, before the memory runs: the machine's
+    # speed drifts over minutes (bench/planner/README.md).
+    times = (_MeasureOnWorkers(args, 'time', pred, {})
+             if 'time' in parts else None)
+    speeds.append(_CoreSeconds())
     memory_runs = [_MeasureOnWorkers(args, 'memory', pred, MEMORY_ENV)
                    for _ in range(args.memory_runs if 'memory' in parts
                                   else 0)]
-    times = (_MeasureOnWorkers(args, 'time', pred, {})
-             if 'time' in parts else None)
     meas = {}
     for label in pred:
       runs = [run[label]['step_bytes'] for run in memory_runs]
@@ -312,8 +327,13 @@ def main() -> None:
           'step_bytes': ([int(statistics.median(w)) for w in zip(*runs)]
                          if runs else [0] * len(pred[label]['step_bytes'])),
           'step_bytes_runs': runs}
-    results[model] = {'predicted': pred, 'measured': meas}
+    results[model] = {'predicted': pred, 'measured': meas,
+                      'core_seconds': speeds}
     print('\n' + _Table(model, pred, meas), flush=True)
+    print('\ncores (numpy matmul alone, s; core 0, core 1): before the '
+          'profile ' + ', '.join(f'{t:.3f}' for t in speeds[0]) +
+          '; after the timing ' + ', '.join(f'{t:.3f}' for t in speeds[1]),
+          flush=True)
   if args.json_out:
     with open(args.json_out, 'w') as f:
       json.dump(results, f)

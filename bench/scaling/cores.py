@@ -50,7 +50,8 @@ def _Work(kind: str) -> float:
   return statistics.median(times)
 
 
-def _Pinned(kind: str, cores: List[int]) -> List[float]:
+def Pinned(kind: str, cores: List[int]) -> List[float]:
+  """Seconds of `kind` (`_Work`) in one process per core, run at once."""
   procs = [subprocess.Popen(
       ['taskset', '-c', str(core), sys.executable, os.path.abspath(__file__),
        '--work=' + kind], stdout=subprocess.PIPE, text=True, env=_ENV)
@@ -67,8 +68,8 @@ def Measure(rounds: int) -> Dict[str, dict]:
   for kind in KINDS:
     alone, together = [], []
     for _ in range(rounds):
-      alone.append(_Pinned(kind, [0])[0])
-      together.append(_Pinned(kind, [0, 1]))
+      alone.append(Pinned(kind, [0])[0])
+      together.append(Pinned(kind, [0, 1]))
     ratios = [a / statistics.mean(t) for a, t in zip(alone, together)]
     out[kind] = {'alone': alone, 'together': together,
                  'efficiency': statistics.median(ratios)}

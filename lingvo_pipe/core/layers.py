@@ -92,6 +92,14 @@ def MatmulLastDim(x: tf.Tensor, w: tf.Tensor,
   return Matmul(x, tf.convert_to_tensor(w))
 
 
+def PointwiseConv(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+  """A 1x1 convolution of stride 1, x [..., in] and w [1, 1, in, out], as
+  `MatmulLastDim`. TF's CPU filter-gradient kernel holds a scratch buffer
+  of up to 32 MiB whatever the batch (13 MiB for 4 images of 16x16x64); the
+  matmul's gradient holds only its result (docs/DESIGN.md section 29)."""
+  return MatmulLastDim(x, tf.reshape(w, w.shape[2:]))
+
+
 def RowsMatmul(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
   """a [..., p], b [..., q] -> [p, q]: sum over all rows of a^T b, as one
   flat matmul (the weight gradient of a projection over [..., p])."""
@@ -278,7 +286,11 @@ class Conv2DLayer(base_layer.BaseLayer):
     _CheckLastDim(self, inputs, p.filter_shape[2])
     theta = _FPropTheta(self, theta)
     sh, sw = p.filter_stride
-    y = tf.nn.conv2d(inputs, theta.w, [1, sh, sw, 1], p.padding)
+    if tuple(p.filter_shape[:2]) == (1, 1):
+      # A 1x1 filter reads every stride-th pixel, with either padding.
+      y = PointwiseConv(inputs[:, ::sh, ::sw, :], theta.w)
+    else:
+      y = tf.nn.conv2d(inputs, theta.w, [1, sh, sw, 1], p.padding)
     if p.has_bias:
       y += theta.b
     return Activation(p.activation, y)
@@ -362,7 +374,7 @@ class DepthwiseSeparableConv2DLayer(base_layer.BaseLayer):
     sh, sw = p.filter_stride
     y = tf.nn.depthwise_conv2d(inputs, theta.depthwise_w, [1, sh, sw, 1],
                                p.padding, dilations=p.dilation_rate)
-    y = tf.nn.conv2d(y, theta.pointwise_w, [1, 1, 1, 1], 'VALID')
+    y = PointwiseConv(y, theta.pointwise_w)
     if p.has_bias:
       y += theta.b
     return Activation(p.activation, y)

@@ -93,8 +93,8 @@ class RecordedTask:
 
   `start`: its inputs and its device's previous task are done (the task
   waits for this stamp); `end`: its outputs are ready (for a backward
-  task d inputs and d theta, before d theta is added to the partition's
-  accumulated gradient); `recomputed`: a re-computing backward task's
+  task d inputs and the partition's running sum of gradients, to which
+  the call adds d theta); `recomputed`: a re-computing backward task's
   re-computation is done, else None.
   """
   layer: str

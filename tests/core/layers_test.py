@@ -276,6 +276,48 @@ class ConvTest(_Case):
     y = self.CheckAgainst(layer, Ref, x)
     self.CheckMeta(p, [x.shape], tf.constant(y))
 
+  @parameterized.parameters(
+      ('SAME', (1, 1)), ('VALID', (1, 1)), ('SAME', (2, 2)),
+      ('VALID', (2, 3)), ('SAME', (3, 2)))
+  def testConv2D1x1(self, padding, stride):
+    # 1x1 filters go through PointwiseConv, not tf.nn.conv2d.
+    p = _Params(layers.Conv2DLayer, filter_shape=[1, 1, 2, 3],
+                filter_stride=stride, padding=padding)
+    layer = p.Instantiate()
+    layer.theta.b.assign(_Rand(3, seed=4))
+
+    def Ref(theta, x):
+      return _RefConv(x, theta.w, stride, padding) + theta.b
+
+    x = _Rand(2, 5, 6, 2)
+    y = self.CheckAgainst(layer, Ref, x)
+    self.CheckMeta(p, [x.shape], tf.constant(y))
+
+  def testPointwiseFilterGradientHasNoConvKernel(self):
+    # TF's CPU Conv2DBackpropFilter holds a scratch buffer of up to 32 MiB
+    # whatever the batch (docs/DESIGN.md section 29); a 1x1 filter's
+    # gradient is a matmul instead. A 3x3 filter keeps TF's kernel.
+    def GradientOps(p):
+      layer = p.Instantiate()
+
+      def Grads(x):
+        with tf.GradientTape() as tape:
+          loss = tf.reduce_sum(tf.square(layer.FProp(layer.theta, x)))
+        return tape.gradient(loss, layer.vars.Flatten())
+
+      graph = tf.function(Grads, autograph=False).get_concrete_function(
+          tf.TensorSpec([2, 6, 6, 4], p.dtype)).graph
+      return {op.type for op in graph.get_operations()}
+
+    conv = _Params(layers.Conv2DLayer, filter_shape=[1, 1, 4, 8],
+                   filter_stride=[2, 2])
+    separable = _Params(layers.DepthwiseSeparableConv2DLayer,
+                        filter_shape=[3, 3, 4, 1], output_dim=8)
+    for p in (conv, separable):
+      self.assertNotIn('Conv2DBackpropFilter', GradientOps(p), p.cls)
+    self.assertIn('Conv2DBackpropFilter', GradientOps(
+        conv.Copy().Set(filter_shape=[3, 3, 4, 8])))
+
   @parameterized.parameters(('SAME', 1, 'RELU'), ('VALID', 2, 'NONE'),
                             ('SAME', 2, 'NONE'))
   def testDepthwiseSeparable(self, padding, stride, act):
