@@ -100,6 +100,57 @@ def PointwiseConv(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
   return MatmulLastDim(x, tf.reshape(w, w.shape[2:]))
 
 
+def Conv2D(x: tf.Tensor, w: tf.Tensor, strides: Tuple[int, int],
+           padding: str) -> tf.Tensor:
+  """tf.nn.conv2d(x, w, [1, *strides, 1], padding), NHWC.
+
+  On a CPU, when the input's patches (`tf.image.extract_patches`,
+  kh x kw x the input) take at most 8 MiB, the filter's gradient is
+  im2col: those patches times the output gradient, one matmul. TF's CPU
+  filter-gradient kernel holds a scratch buffer of 8-32 MiB whatever the
+  batch (docs/DESIGN.md section 29), so this is what a micro-batch saves.
+  The input's gradient is TF's own. Otherwise (larger inputs, GPU, TPU)
+  the convolution and both gradients are TF's.
+  """
+  sh, sw = strides
+  kh, kw = w.shape[0], w.shape[1]
+  if (_ScopeDeviceType() != 'CPU' or not x.shape.is_fully_defined() or
+      x.shape.num_elements() * kh * kw * x.dtype.size // (sh * sw) >
+      _IM2COL_MAX_BYTES):
+    return tf.nn.conv2d(x, w, [1, sh, sw, 1], padding)
+
+  @tf.custom_gradient
+  def Conv(x, w):
+    def Grad(dy: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+      dx = tf.raw_ops.Conv2DBackpropInput(
+          input_sizes=tf.shape(x), filter=w, out_backprop=dy,
+          strides=[1, sh, sw, 1], padding=padding)
+      patches = tf.image.extract_patches(
+          x, [1, kh, kw, 1], [1, sh, sw, 1], [1, 1, 1, 1], padding)
+      return dx, tf.reshape(RowsMatmul(patches, dy), tf.shape(w))
+
+    return tf.nn.conv2d(x, w, [1, sh, sw, 1], padding), Grad
+
+  return Conv(x, tf.convert_to_tensor(w))
+
+
+# Conv2D's im2col filter gradient up to this many bytes of patches: the
+# smallest scratch measured of TF's CPU kernel (docs/DESIGN.md section 29).
+_IM2COL_MAX_BYTES = 8 * 2**20
+
+
+def _ScopeDeviceType() -> str:
+  """'CPU', 'GPU' or 'TPU': where an op made here runs (the device scope;
+  without one, the first accelerator the process sees, else the CPU)."""
+  where = tf.DeviceSpec.from_string(tf.zeros([]).device or '').device_type
+  if where:
+    return where.upper()
+  for kind in ('TPU', 'GPU'):
+    if tf.config.list_logical_devices(kind):
+      return kind
+  return 'CPU'
+
+
 def RowsMatmul(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
   """a [..., p], b [..., q] -> [p, q]: sum over all rows of a^T b, as one
   flat matmul (the weight gradient of a projection over [..., p])."""
@@ -290,7 +341,7 @@ class Conv2DLayer(base_layer.BaseLayer):
       # A 1x1 filter reads every stride-th pixel, with either padding.
       y = PointwiseConv(inputs[:, ::sh, ::sw, :], theta.w)
     else:
-      y = tf.nn.conv2d(inputs, theta.w, [1, sh, sw, 1], p.padding)
+      y = Conv2D(inputs, theta.w, (sh, sw), p.padding)
     if p.has_bias:
       y += theta.b
     return Activation(p.activation, y)

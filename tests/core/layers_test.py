@@ -293,30 +293,42 @@ class ConvTest(_Case):
     y = self.CheckAgainst(layer, Ref, x)
     self.CheckMeta(p, [x.shape], tf.constant(y))
 
-  def testPointwiseFilterGradientHasNoConvKernel(self):
+  def testNoConvFilterGradientKernelOnCpu(self):
     # TF's CPU Conv2DBackpropFilter holds a scratch buffer of up to 32 MiB
-    # whatever the batch (docs/DESIGN.md section 29); a 1x1 filter's
-    # gradient is a matmul instead. A 3x3 filter keeps TF's kernel.
-    def GradientOps(p):
+    # whatever the batch (docs/DESIGN.md section 29): on a CPU a filter's
+    # gradient is a matmul (1x1) or im2col, unless im2col's patches would
+    # take more than 8 MiB. Under an accelerator's scope (traced only; no
+    # GPU here) a k x k filter keeps TF's kernel.
+    def GradientOps(p, device, shape=(2, 6, 6, 4)):
       layer = p.Instantiate()
 
       def Grads(x):
-        with tf.GradientTape() as tape:
-          loss = tf.reduce_sum(tf.square(layer.FProp(layer.theta, x)))
-        return tape.gradient(loss, layer.vars.Flatten())
+        with tf.device(device):
+          with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(layer.FProp(layer.theta, x)))
+          return tape.gradient(loss, layer.vars.Flatten())
 
       graph = tf.function(Grads, autograph=False).get_concrete_function(
-          tf.TensorSpec([2, 6, 6, 4], p.dtype)).graph
+          tf.TensorSpec(shape, p.dtype)).graph
       return {op.type for op in graph.get_operations()}
 
-    conv = _Params(layers.Conv2DLayer, filter_shape=[1, 1, 4, 8],
-                   filter_stride=[2, 2])
+    pointwise = _Params(layers.Conv2DLayer, filter_shape=[1, 1, 4, 8],
+                        filter_stride=[2, 2])
+    conv = pointwise.Copy().Set(filter_shape=[3, 3, 4, 8])
     separable = _Params(layers.DepthwiseSeparableConv2DLayer,
                         filter_shape=[3, 3, 4, 1], output_dim=8)
-    for p in (conv, separable):
-      self.assertNotIn('Conv2DBackpropFilter', GradientOps(p), p.cls)
-    self.assertIn('Conv2DBackpropFilter', GradientOps(
-        conv.Copy().Set(filter_shape=[3, 3, 4, 8])))
+    for p in (pointwise, conv, separable):
+      self.assertNotIn('Conv2DBackpropFilter',
+                       GradientOps(p, '/device:CPU:0'), p.cls)
+    self.assertIn('Conv2DBackpropFilter', GradientOps(conv, '/device:GPU:0'))
+    # Stride 2: 128 x 16 x 16 outputs x 3 x 3 x 4 float64 = 9 MiB of
+    # patches; half the batch, 4.5 MiB.
+    self.assertIn('Conv2DBackpropFilter',
+                  GradientOps(conv, '/device:CPU:0', (128, 32, 32, 4)))
+    self.assertNotIn('Conv2DBackpropFilter',
+                     GradientOps(conv, '/device:CPU:0', (64, 32, 32, 4)))
+    self.assertNotIn('Conv2DBackpropFilter',
+                     GradientOps(pointwise, '/device:GPU:0'))
 
   @parameterized.parameters(('SAME', 1, 'RELU'), ('VALID', 2, 'NONE'),
                             ('SAME', 2, 'NONE'))
