@@ -102,36 +102,71 @@ def PointwiseConv(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
 
 def Conv2D(x: tf.Tensor, w: tf.Tensor, strides: Tuple[int, int],
            padding: str) -> tf.Tensor:
-  """tf.nn.conv2d(x, w, [1, *strides, 1], padding), NHWC.
+  """tf.nn.conv2d(x, w, [1, *strides, 1], padding), NHWC, padding 'SAME'
+  or 'VALID'.
 
-  On a CPU, when the input's patches (`tf.image.extract_patches`,
-  kh x kw x the input) take at most 8 MiB, the filter's gradient is
-  im2col: those patches times the output gradient, one matmul. TF's CPU
-  filter-gradient kernel holds a scratch buffer of 8-32 MiB whatever the
-  batch (docs/DESIGN.md section 29), so this is what a micro-batch saves.
-  The input's gradient is TF's own. Otherwise (larger inputs, GPU, TPU)
-  the convolution and both gradients are TF's.
+  On a CPU both gradients avoid TF's backprop kernels, which hold a
+  scratch buffer of 8-32 MiB whatever the batch (docs/DESIGN.md section
+  29): the input's gradient is a forward convolution of the output
+  gradient (`_ConvInputGradient`), and the filter's is im2col (the input's
+  patches, `tf.image.extract_patches`, times the output gradient, one
+  matmul) when the patches take at most 8 MiB, TF's kernel above that.
+  Under a GPU or TPU scope the convolution and both gradients are TF's.
   """
   sh, sw = strides
   kh, kw = w.shape[0], w.shape[1]
-  if (_ScopeDeviceType() != 'CPU' or not x.shape.is_fully_defined() or
-      x.shape.num_elements() * kh * kw * x.dtype.size // (sh * sw) >
-      _IM2COL_MAX_BYTES):
+  if _ScopeDeviceType() != 'CPU' or not x.shape.is_fully_defined():
     return tf.nn.conv2d(x, w, [1, sh, sw, 1], padding)
+  im2col = (x.shape.num_elements() * kh * kw * x.dtype.size // (sh * sw) <=
+            _IM2COL_MAX_BYTES)
 
   @tf.custom_gradient
   def Conv(x, w):
+    y = tf.nn.conv2d(x, w, [1, sh, sw, 1], padding)
+
     def Grad(dy: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-      dx = tf.raw_ops.Conv2DBackpropInput(
-          input_sizes=tf.shape(x), filter=w, out_backprop=dy,
-          strides=[1, sh, sw, 1], padding=padding)
-      patches = tf.image.extract_patches(
-          x, [1, kh, kw, 1], [1, sh, sw, 1], [1, 1, 1, 1], padding)
+      dy = tf.ensure_shape(dy, y.shape)
+      dx = _ConvInputGradient(dy, w, x.shape, strides, padding)
+      if not im2col:
+        return dx, tf.raw_ops.Conv2DBackpropFilter(
+            input=x, filter_sizes=tf.shape(w), out_backprop=dy,
+            strides=[1, sh, sw, 1], padding=padding)
+      # The patches depend on x alone: without this edge the executor may
+      # build them as soon as x exists, long before dy, and hold them
+      # (naive AmoebaNet-D, D=32: 130 MiB without it, 108-111 with it).
+      with tf.control_dependencies([dy]):
+        patches = tf.image.extract_patches(
+            x, [1, kh, kw, 1], [1, sh, sw, 1], [1, 1, 1, 1], padding)
       return dx, tf.reshape(RowsMatmul(patches, dy), tf.shape(w))
 
-    return tf.nn.conv2d(x, w, [1, sh, sw, 1], padding), Grad
+    return y, Grad
 
   return Conv(x, tf.convert_to_tensor(w))
+
+
+def _ConvInputGradient(dy: tf.Tensor, w: tf.Tensor, x_shape: tf.TensorShape,
+                       strides: Tuple[int, int], padding: str) -> tf.Tensor:
+  """d(input) of tf.nn.conv2d(x, w, strides, padding) as a forward
+  convolution: dy, with stride - 1 zeros between its rows and columns,
+  correlated with w turned 180 degrees and its channels swapped, padded so
+  that each input position meets the outputs it fed (static shapes)."""
+  kh, kw = w.shape[0], w.shape[1]
+  sh, sw = strides
+  _, oh, ow, c = dy.shape
+  if sh > 1 or sw > 1:
+    spread = tf.pad(tf.reshape(dy, [-1, oh, 1, ow, 1, c]),
+                    [[0, 0], [0, 0], [0, sh - 1], [0, 0], [0, sw - 1],
+                     [0, 0]])
+    dy = tf.reshape(spread, [-1, oh * sh, ow * sw, c])
+    dy = dy[:, :(oh - 1) * sh + 1, :(ow - 1) * sw + 1, :]
+  pads = [[0, 0]]
+  for size, k, s, out in ((x_shape[1], kh, sh, oh), (x_shape[2], kw, sw, ow)):
+    # The forward's padding before the first input row (or column).
+    before = max((out - 1) * s + k - size, 0) // 2 if padding == 'SAME' else 0
+    pads.append([k - 1 - before, size + before - (out - 1) * s - 1])
+  pads.append([0, 0])
+  turned = tf.transpose(tf.reverse(w, [0, 1]), [0, 1, 3, 2])
+  return tf.nn.conv2d(dy, turned, 1, pads)
 
 
 # Conv2D's im2col filter gradient up to this many bytes of patches: the

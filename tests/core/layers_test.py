@@ -293,20 +293,47 @@ class ConvTest(_Case):
     y = self.CheckAgainst(layer, Ref, x)
     self.CheckMeta(p, [x.shape], tf.constant(y))
 
-  def testNoConvFilterGradientKernelOnCpu(self):
-    # TF's CPU Conv2DBackpropFilter holds a scratch buffer of up to 32 MiB
-    # whatever the batch (docs/DESIGN.md section 29): on a CPU a filter's
-    # gradient is a matmul (1x1) or im2col, unless im2col's patches would
+  @parameterized.product(
+      kernel=[(1, 7), (7, 1), (3, 3), (2, 4)],
+      stride=[(1, 1), (2, 2), (1, 2), (3, 2)],
+      padding=['SAME', 'VALID'], image=[(5, 9), (8, 8)])
+  def testConvGradientsMatchTfKernels(self, kernel, stride, padding, image):
+    # layers.Conv2D's CPU gradients (a forward convolution for the input,
+    # im2col for the filter) against TF's backprop kernels.
+    if padding == 'VALID' and (kernel[0] > image[0] or kernel[1] > image[1]):
+      self.skipTest('the filter is larger than the image')
+    x = tf.constant(_Rand(2, *image, 3))
+    w = tf.constant(_Rand(*kernel, 3, 4, seed=2))
+    with tf.GradientTape() as tape:
+      tape.watch([x, w])
+      y = layers.Conv2D(x, w, stride, padding)
+    dy = tf.constant(_Rand(*y.shape, seed=3))
+    dx, dw = tape.gradient(y, [x, w], output_gradients=dy)
+    strides = [1, *stride, 1]
+    self.assertAllClose(tf.nn.conv2d(x, w, strides, padding), y, **_TOL)
+    self.assertAllClose(tf.raw_ops.Conv2DBackpropInput(
+        input_sizes=x.shape, filter=w, out_backprop=dy, strides=strides,
+        padding=padding), dx, **_TOL)
+    self.assertAllClose(tf.raw_ops.Conv2DBackpropFilter(
+        input=x, filter_sizes=w.shape, out_backprop=dy, strides=strides,
+        padding=padding), dw, **_TOL)
+
+  def testNoConvBackpropKernelOnCpu(self):
+    # TF's CPU Conv2DBackpropInput and Conv2DBackpropFilter hold a scratch
+    # buffer of up to 32 MiB whatever the batch (docs/DESIGN.md section
+    # 29): on a CPU the input's gradient is a forward convolution, and the
+    # filter's a matmul (1x1) or im2col, unless im2col's patches would
     # take more than 8 MiB. Under an accelerator's scope (traced only; no
-    # GPU here) a k x k filter keeps TF's kernel.
+    # GPU here) a k x k filter keeps TF's kernels.
     def GradientOps(p, device, shape=(2, 6, 6, 4)):
       layer = p.Instantiate()
 
       def Grads(x):
         with tf.device(device):
           with tf.GradientTape() as tape:
+            tape.watch(x)
             loss = tf.reduce_sum(tf.square(layer.FProp(layer.theta, x)))
-          return tape.gradient(loss, layer.vars.Flatten())
+          return tape.gradient(loss, [x] + layer.vars.Flatten())
 
       graph = tf.function(Grads, autograph=False).get_concrete_function(
           tf.TensorSpec(shape, p.dtype)).graph
@@ -318,13 +345,16 @@ class ConvTest(_Case):
     separable = _Params(layers.DepthwiseSeparableConv2DLayer,
                         filter_shape=[3, 3, 4, 1], output_dim=8)
     for p in (pointwise, conv, separable):
-      self.assertNotIn('Conv2DBackpropFilter',
-                       GradientOps(p, '/device:CPU:0'), p.cls)
-    self.assertIn('Conv2DBackpropFilter', GradientOps(conv, '/device:GPU:0'))
+      ops = GradientOps(p, '/device:CPU:0')
+      self.assertNotIn('Conv2DBackpropFilter', ops, p.cls)
+      self.assertNotIn('Conv2DBackpropInput', ops, p.cls)
+    self.assertContainsSubset({'Conv2DBackpropFilter', 'Conv2DBackpropInput'},
+                              GradientOps(conv, '/device:GPU:0'))
     # Stride 2: 128 x 16 x 16 outputs x 3 x 3 x 4 float64 = 9 MiB of
     # patches; half the batch, 4.5 MiB.
-    self.assertIn('Conv2DBackpropFilter',
-                  GradientOps(conv, '/device:CPU:0', (128, 32, 32, 4)))
+    large = GradientOps(conv, '/device:CPU:0', (128, 32, 32, 4))
+    self.assertIn('Conv2DBackpropFilter', large)
+    self.assertNotIn('Conv2DBackpropInput', large)
     self.assertNotIn('Conv2DBackpropFilter',
                      GradientOps(conv, '/device:CPU:0', (64, 32, 32, 4)))
     self.assertNotIn('Conv2DBackpropFilter',
