@@ -69,27 +69,46 @@ def MatmulLastDim(x: tf.Tensor, w: tf.Tensor,
                   transpose_w: bool = False) -> tf.Tensor:
   """x [..., i] @ w [i, o] -> [..., o] (w [o, i] if transpose_w).
 
-  The forward is TF's einsum over x's leading dimensions; the gradient of
-  w is one [i, rows] @ [rows, o] matmul over all rows of x. TF's own
-  einsum gradient for a broadcast ('...') operand builds the [rows, i, o]
-  outer products and then sums them: a [4, 64, 512] input through two
-  512 x 512 projections peaked at 1026 MiB and took 849 ms per step,
-  against 2.5 MiB and 15 ms with this function (bench/projection,
-  docs/DESIGN.md section 27).
+  x's leading dimensions are flattened into rows, so the forward and both
+  gradients are each one 2-D MatMul: the gradient of w is [i, rows] @
+  [rows, o]. TF's own einsum gradient for a broadcast ('...') operand
+  builds the [rows, i, o] outer products and then sums them: a
+  [4, 64, 512] input through two 512 x 512 projections peaked at 1026 MiB
+  and took 849 ms per step, against 2.5 MiB and 15 ms with this function
+  (bench/projection, docs/DESIGN.md section 27). And on a CPU TF's Einsum
+  op is 1.3-2x slower than the MatMul it stands for, even forward: with it
+  here, AmoebaNet-D's 1x1 convolutions made a whole step 1.3-1.5x slower
+  (docs/DESIGN.md section 30).
   """
-  x_eq, w_eq, y_eq = '...i', 'oi' if transpose_w else 'io', '...o'
+  w = tf.convert_to_tensor(w)
+  i, o = (w.shape[1], w.shape[0]) if transpose_w else (w.shape[0],
+                                                       w.shape[1])
 
   @tf.custom_gradient
   def Matmul(x, w):
     def Grad(dy: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-      # The input's gradient as TF's einsum gradient computes it.
-      dx = tf.einsum(f'{y_eq},{w_eq}->{x_eq}', dy, w)
+      dx = _Unrows(tf.matmul(_Rows(dy, o), w, transpose_b=not transpose_w),
+                   x, i)
       dw = RowsMatmul(dy, x) if transpose_w else RowsMatmul(x, dy)
       return dx, dw
 
-    return tf.einsum(f'{x_eq},{w_eq}->{y_eq}', x, w), Grad
+    return _Unrows(tf.matmul(_Rows(x, i), w, transpose_b=transpose_w),
+                   x, o), Grad
 
-  return Matmul(x, tf.convert_to_tensor(w))
+  return Matmul(x, w)
+
+
+def _Rows(t: tf.Tensor, last: int) -> tf.Tensor:
+  """t [..., last] as [rows, last]."""
+  return tf.reshape(t, [-1, last])
+
+
+def _Unrows(rows: tf.Tensor, like: tf.Tensor, last: int) -> tf.Tensor:
+  """rows [n, last] as like's leading dimensions + [last]."""
+  lead = like.shape[:-1]
+  if lead.is_fully_defined():
+    return tf.reshape(rows, lead.as_list() + [last])
+  return tf.reshape(rows, tf.concat([tf.shape(like)[:-1], [last]], 0))
 
 
 def PointwiseConv(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
