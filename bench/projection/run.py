@@ -8,8 +8,8 @@ three ways:
 
   einsum         tf.einsum and TF's own gradient (a broadcast operand:
                  it builds the [rows, i, o] outer products, then sums)
-  MatmulLastDim  lingvo_pipe.core.layers.MatmulLastDim (the same forward
-                 einsum; the weight's gradient is one flat matmul)
+  MatmulLastDim  lingvo_pipe.core.layers.MatmulLastDim (reshape and
+                 matmul, with its own gradient: one flat matmul each)
   matmul         x reshaped to [rows, i] and tf.matmul (the floor)
 
 Per case: the allocator's peak during a step above what it held before
