@@ -83,6 +83,17 @@ def MatmulLastDim(x: tf.Tensor, w: tf.Tensor,
   w = tf.convert_to_tensor(w)
   i, o = (w.shape[1], w.shape[0]) if transpose_w else (w.shape[0],
                                                        w.shape[1])
+  x = tf.convert_to_tensor(x)
+  # The reshape to rows would not notice a wrong last dimension whose size
+  # divides x's: check it (at run time when it is not static).
+  if x.shape.rank is not None and x.shape[-1] is not None:
+    if x.shape[-1] != i:
+      raise ValueError(
+          f'MatmulLastDim: x has shape {x.shape}, w {w.shape}'
+          f'{" (transposed)" if transpose_w else ""}; x\'s last dimension '
+          f'must be {i}.')
+  elif x.shape.rank is not None:
+    x = tf.ensure_shape(x, x.shape[:-1].concatenate([i]))
 
   @tf.custom_gradient
   def Matmul(x, w):

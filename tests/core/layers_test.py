@@ -258,6 +258,18 @@ class MatmulLastDimTest(_Case):
       self.assertEqual(3, types.count('MatMul'), shape)
       self.assertNotIn('Einsum', types)
 
+  def testWrongLastDimension(self):
+    # [4, 6] reshapes to rows of 3 without complaint: the check must catch
+    # it, statically and at run time.
+    w = tf.zeros([3, 2])
+    with self.assertRaisesRegex(ValueError, "last dimension must be 3"):
+      layers.MatmulLastDim(tf.zeros([4, 6]), w)
+    fn = tf.function(lambda x: layers.MatmulLastDim(x, w), autograph=False)
+    with self.assertRaises(tf.errors.InvalidArgumentError):
+      fn.get_concrete_function(tf.TensorSpec([4, None], tf.float32))(
+          tf.zeros([4, 6]))
+    self.assertEqual([4, 2], fn(tf.zeros([4, 3])).shape.as_list())
+
   @parameterized.parameters(([5, 3],), ([2, 5, 3],), ([2, 2, 5, 3],))
   def testEqualsEinsumWithItsGradients(self, shape):
     w = tf.constant(_Rand(3, 4, seed=1))
