@@ -109,8 +109,10 @@ def MatmulLastDim(x: tf.Tensor, w: tf.Tensor,
   return Matmul(x, w)
 
 
-def _Rows(t: tf.Tensor, last: int) -> tf.Tensor:
-  """t [..., last] as [rows, last]."""
+def _Rows(t: tf.Tensor, last: Optional[int] = None) -> tf.Tensor:
+  """t [..., last] as [rows, last]; last defaults to t's own."""
+  if last is None:
+    last = t.shape[-1] if t.shape[-1] is not None else tf.shape(t)[-1]
   return tf.reshape(t, [-1, last])
 
 
@@ -219,11 +221,7 @@ def _ScopeDeviceType() -> str:
 def RowsMatmul(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
   """a [..., p], b [..., q] -> [p, q]: sum over all rows of a^T b, as one
   flat matmul (the weight gradient of a projection over [..., p])."""
-  def Rows(t):
-    last = t.shape[-1] if t.shape[-1] is not None else tf.shape(t)[-1]
-    return tf.reshape(t, [-1, last])
-
-  return tf.matmul(Rows(a), Rows(b), transpose_a=True)
+  return tf.matmul(_Rows(a), _Rows(b), transpose_a=True)
 
 
 def _Shape(shape: Any) -> tf.TensorShape:
