@@ -8,7 +8,7 @@ three ways:
 
   einsum         tf.einsum and TF's own gradient (a broadcast operand:
                  it builds the [rows, i, o] outer products, then sums)
-  MatmulLastDim  lingvo_pipe.core.layers.MatmulLastDim (reshape and
+  MatmulLastDim  lingvo_pipe.core.kernels.MatmulLastDim (reshape and
                  matmul, with its own gradient: one flat matmul each)
   matmul         x reshaped to [rows, i] and tf.matmul (the floor)
 
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
 
 import tensorflow as tf  # noqa: E402
 
-from lingvo_pipe.core import layers  # noqa: E402
+from lingvo_pipe.core import kernels  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 
 MIB = 2**20
@@ -49,7 +49,7 @@ def _Ways():
     flat = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), w)
     return tf.reshape(flat, x.shape[:-1] + [w.shape[-1]])
 
-  return {'einsum': Einsum, 'MatmulLastDim': layers.MatmulLastDim,
+  return {'einsum': Einsum, 'MatmulLastDim': kernels.MatmulLastDim,
           'matmul': Matmul}
 
 

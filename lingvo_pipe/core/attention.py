@@ -15,7 +15,7 @@ import tensorflow as tf
 from lingvo_pipe.core import base_layer
 from lingvo_pipe.core import dropout
 from lingvo_pipe.core import hyperparams
-from lingvo_pipe.core import layers
+from lingvo_pipe.core import kernels
 from lingvo_pipe.core.nested_map import NestedMap
 
 
@@ -59,7 +59,7 @@ def _PerExampleMatmul(x: tf.Tensor, w: tf.Tensor) -> Any:
 
   def Grad(dy: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
     dx = tf.matmul(dy, batched_w, transpose_b=True)
-    return dx, layers.RowsMatmul(x, dy)
+    return dx, kernels.RowsMatmul(x, dy)
 
   return y, Grad
 

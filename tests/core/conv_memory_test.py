@@ -5,7 +5,7 @@ section 29).
 TF's CPU Conv2DBackpropInput and Conv2DBackpropFilter each hold a 32 MiB
 scratch buffer even for these small images, and im2col's patches, if built
 as soon as the input exists, would all be held until their layer's
-backward. layers.Conv2D avoids both: the step below peaks at its kept
+backward. kernels.Conv2D avoids both: the step below peaks at its kept
 activations plus about one layer's patches. A child process (this file
 with --child; the allocator keeps statistics only if told before
 TensorFlow starts) measures it.
@@ -23,7 +23,7 @@ if __name__ == '__main__' and sys.argv[1:2] == ['--child']:
 from absl.testing import absltest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from lingvo_pipe.core import layers  # noqa: E402
+from lingvo_pipe.core import kernels  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 
 LAYERS, BATCH, SIDE, CHANNELS = 8, 8, 16, 16
@@ -40,7 +40,7 @@ def _Child() -> None:
     with tf.GradientTape() as tape:
       h = x
       for w in filters:
-        h = tf.nn.relu(layers.Conv2D(h, w, (1, 1), 'SAME'))
+        h = tf.nn.relu(kernels.Conv2D(h, w, (1, 1), 'SAME'))
       loss = tf.reduce_sum(tf.square(h))
     return tape.gradient(loss, filters)
 

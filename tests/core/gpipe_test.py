@@ -565,14 +565,14 @@ class InputGradientTest(tf.test.TestCase):
     # Partition 1 always needs d(its input) for partition 0; partition 0's
     # own input gradient only when the caller watched the images. Each is
     # TF's kernel or, on a CPU, a convolution with the filter turned 180
-    # degrees (one ReverseV2; layers.Conv2D).
+    # degrees (one ReverseV2; kernels.Conv2D).
     def InputGradients(counts):
       return counts['Conv2DBackpropInput'] + counts['ReverseV2']
 
     self.assertEqual(InputGradients(unwatched), (k - 1) * m)
     self.assertEqual(InputGradients(watched), k * m)
     # Every partition's filter gradient, each micro-batch: TF's kernel, or
-    # on a CPU for inputs this small im2col's patches (layers.Conv2D).
+    # on a CPU for inputs this small im2col's patches (kernels.Conv2D).
     self.assertEqual(unwatched['Conv2DBackpropFilter'] +
                      unwatched['ExtractImagePatches'], k * m)
 
