@@ -7,9 +7,12 @@
 For each model and (K, M), recompute 'always', batch 32:
 1. Predicted (a process pinned to core 0 with `taskset`, as each worker
    will be): lingvo_pipe.tools.plan measures every layer once per
-   micro-batch size (layer_profile.py) and predicts the split, the step
-   time (GPipe critical path) and each partition's step memory (gradients
-   + kept activations: the peak above what stays resident between steps).
+   micro-batch size (layer_profile.py) and chooses the split from their
+   sums, then measures each partition of that split whole (plan.Refine)
+   and predicts from those the step time (GPipe critical path) and each
+   partition's step memory (gradients + kept activations: the peak above
+   what stays resident between steps). The table gives the layer sums'
+   prediction too, in brackets.
 2. Measured: two `tf.distribute.Server` workers pinned to cores 0 and 1
    (`LocalWorkers`), partition k on task k, built with the predicted split.
    A step is forward, loss = mean(output ** 2) and every gradient, no
@@ -106,12 +109,16 @@ def _Predict(args: argparse.Namespace) -> None:
     profiles = layer_profile.ProfileLayers(layer_ps, shapes(BATCH // m),
                                            num_runs=args.timing_runs)
     for k in args.ks:
-      res = plan.Evaluate(args.model, profiles, BATCH, k, m)
+      summed = plan.Evaluate(args.model, profiles, BATCH, k, m)
+      res = plan.Refine(summed, layer_ps, shapes(BATCH // m),
+                        num_runs=args.timing_runs)
       out[f'{k},{m}'] = {
           'bounds': res.bounds, 'step_s': res.step_s,
           'step_bytes': [p.step_bytes for p in res.partitions],
           'peak_bytes': [p.peak_bytes for p in res.partitions],
-          'fb': [(p.forward_s, p.backward_s) for p in res.partitions]}
+          'fb': [(p.forward_s, p.backward_s) for p in res.partitions],
+          'summed_step_s': summed.step_s,
+          'summed_step_bytes': [p.step_bytes for p in summed.partitions]}
   print(json.dumps(out), flush=True)
 
 
@@ -244,8 +251,9 @@ def _Error(pred: float, meas: float) -> str:
 def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
   mib = 2**20
   lines = [f'### {model}', '',
-           '| K M | split | step predicted | measured | error | step memory '
-           'per worker predicted | measured, median (range) | error |',
+           '| K M | split | step predicted (layer sums) | measured | error '
+           '(layer sums) | step memory per worker predicted (layer sums) | '
+           'measured, median (range) | error (layer sums) |',
            '|---|---|---|---|---|---|---|---|']
   for label, p in pred.items():
     k, m = label.split(',')
@@ -255,12 +263,15 @@ def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
     measured = [f'{x / mib:.1f}' + (
         f' ({min(w) / mib:.0f}-{max(w) / mib:.0f})' if len(runs) > 1 else '')
                 for x, w in zip(mem_m, zip(*runs) if runs else mem_m)]
+    sum_t, sum_mem = p['summed_step_s'], p['summed_step_bytes']
     lines.append(
-        f'| {k} {m} | {p["bounds"]} | {p["step_s"]:.3f} s | {t:.3f} s | '
-        f'{_Error(p["step_s"], t)} | '
-        + ', '.join(f'{x / mib:.1f}' for x in mem_p) + ' MiB | '
+        f'| {k} {m} | {p["bounds"]} | {p["step_s"]:.3f} ({sum_t:.3f}) s | '
+        f'{t:.3f} s | {_Error(p["step_s"], t)} ({_Error(sum_t, t)}) | '
+        + ', '.join(f'{x / mib:.1f} ({y / mib:.1f})'
+                    for x, y in zip(mem_p, sum_mem)) + ' MiB | '
         + ', '.join(measured) + ' MiB | '
-        + ', '.join(_Error(a, b) for a, b in zip(mem_p, mem_m)) + ' |')
+        + ', '.join(f'{_Error(a, c)} ({_Error(b, c)})'
+                    for a, b, c in zip(mem_p, sum_mem, mem_m)) + ' |')
   return '\n'.join(lines)
 
 

@@ -243,8 +243,11 @@ class Conv2DLayer(base_layer.BaseLayer):
     theta = _FPropTheta(self, theta)
     sh, sw = p.filter_stride
     if tuple(p.filter_shape[:2]) == (1, 1):
-      # A 1x1 filter reads every stride-th pixel, with either padding.
-      y = kernels.PointwiseConv(inputs[:, ::sh, ::sw, :], theta.w)
+      # A 1x1 filter reads every stride-th pixel, with either padding. No
+      # slice at stride 1: TF runs it as a view, but it would be one more
+      # op, and one more kept tensor for the planner to recognise.
+      strided = inputs if (sh, sw) == (1, 1) else inputs[:, ::sh, ::sw, :]
+      y = kernels.PointwiseConv(strided, theta.w)
     else:
       y = kernels.Conv2D(inputs, theta.w, (sh, sw), p.padding)
     if p.has_bias:

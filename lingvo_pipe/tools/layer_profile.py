@@ -47,6 +47,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from lingvo_pipe.core import hyperparams
+from lingvo_pipe.core import layers as layers_lib
 from lingvo_pipe.core import partitioner
 from lingvo_pipe.core import residuals
 
@@ -73,6 +74,16 @@ class LayerProfile:
 # beyond what it views.
 _ALIASING_OPS = ('Reshape', 'ExpandDims', 'Squeeze', 'Identity',
                  'StopGradient')
+
+
+def _IsWholeSlice(t: tf.Tensor) -> bool:
+  """A StridedSlice that takes all of its input, in order (x[:, ::1]):
+  TF's kernel returns the input's buffer."""
+  if t.op.type != 'StridedSlice':
+    return False
+  source, strides = t.op.inputs[0], tf.get_static_value(t.op.inputs[3])
+  return (strides is not None and all(s == 1 for s in strides) and
+          t.shape.is_fully_defined() and t.shape == source.shape)
 
 
 def _Bytes(tensors: Any) -> int:
@@ -157,7 +168,7 @@ def _KeptBytes(layer: Any, args: Tuple[Any, ...]) -> Tuple[int, int]:
   _, kept = graph.structured_outputs
   sources = {}
   for t in kept:
-    while t.op.type in _ALIASING_OPS:
+    while t.op.type in _ALIASING_OPS or _IsWholeSlice(t):
       t = t.op.inputs[0]
     if t.op.type != 'Placeholder':  # not a view of an input or variable
       sources[t.name] = t
@@ -231,3 +242,30 @@ def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
   finally:
     logger.setLevel(level)
   return profiles
+
+
+def ProfilePartitions(layers: Sequence[hyperparams.Params],
+                      bounds: Sequence[int], input_shapes: Any,
+                      dtype: tf.DType = tf.float32,
+                      optimizer_p: Optional[hyperparams.Params] = None,
+                      num_runs: int = 5) -> List[LayerProfile]:
+  """One LayerProfile per partition of the split `bounds`: its layers as
+  one SequentialLayer (named `partition_{k}`), as the pipeline runs them.
+
+  Per-layer profiles add up to more than a partition holds: the executor
+  starts a layer's gradient ops while later ones still run and frees
+  residuals early, so summed residuals and backward peaks over-count
+  (AmoebaNet-D, 10 layers in one partition: 259 MiB from the layers,
+  220 measured whole and in the pipeline; docs/DESIGN.md section 31).
+  Arguments as ProfileLayers'.
+  """
+  named = partitioner.NamedCopies(layers)
+  parts = []
+  for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+    sub = [p.Copy() for p in named[a:b]]
+    for p in sub:
+      if p.dtype is None:
+        p.dtype = dtype
+    parts.append(layers_lib.SequentialLayer.Params().Set(
+        name=f'partition_{k}', sub=sub))
+  return ProfileLayers(parts, input_shapes, dtype, optimizer_p, num_runs)

@@ -13,6 +13,13 @@ among the splits whose every partition fits the memory budget
 predicted step time (the GPipe schedule's critical path, step_model.py),
 each partition's peak memory, the bubble and the balance report.
 
+The per-layer sums choose the split; the chosen split's partitions are
+then measured again, each as one SequentialLayer (as the pipeline runs
+it), and the prediction printed comes from those (`Refine`): summed
+layers over-count a partition's memory, because TensorFlow's executor
+overlaps one layer's backward with the next and frees residuals early
+(docs/DESIGN.md section 31).
+
 Without K or M it suggests them: every K from 1 to the number of devices
 and every M dividing the batch (measured again for each micro-batch
 size), the fastest predicted step that fits; of those within 2% of it,
@@ -31,7 +38,7 @@ import math
 import os
 import re
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from lingvo_pipe.core import quiet
 
@@ -140,6 +147,8 @@ class PlanResult:
   idle: float
   budget: Optional[int] = None
   why: str = ''
+  # Set by Refine: one profile per partition, each measured whole.
+  partition_profiles: Optional[List[Profile]] = None
 
   @property
   def num_partitions(self) -> int:
@@ -171,14 +180,23 @@ class PlanResult:
         f'Predicted step: {self.step_s:.3f} s (forward + backward of the '
         f'pipeline); bubble {schedule.BubbleFraction(k, m):.1%} by '
         f'(K-1)/(M+K-1), {self.idle:.1%} idle by the predicted schedule')
-    lines.append('  part  F/micro    B/micro    peak memory = resident + '
-                 'gradients + kept activations')
+    how = ('each partition measured whole' if self.partition_profiles
+           else 'sums of the layers measured one by one')
+    lines.append(f'  part  F/micro    B/micro    peak memory = resident + '
+                 f'gradients + kept activations ({how})')
     for i, part in enumerate(self.partitions):
       fwd, bwd = part.forward_s * 1e3, part.backward_s * 1e3
       lines.append(
           f'  {i:<4}  {fwd:7.2f} ms {bwd:7.2f} ms '
           f'{Bytes(part.peak_bytes):>10} = {Bytes(part.resident_bytes)} '
           f'+ {Bytes(part.gradient_bytes)} + {Bytes(part.kept_bytes)}')
+    over = [i for i, part in enumerate(self.partitions)
+            if self.budget and part.peak_bytes > self.budget]
+    if over:
+      lines.append(
+          f'  partitions {over} measured whole exceed the budget, which '
+          'their layers\' sums fitted: raise --memory_budget or use more '
+          'partitions or micro-batches.')
     if any(p.backward_peak_bytes is None for p in self.profiles):
       lines.append(
           '  (activations from the traced gradient only: TensorFlow kept no '
@@ -216,6 +234,23 @@ def _Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
       recompute=recompute, bounds=bounds, profiles=list(profiles),
       partitions=parts, step_s=step_model.StepSeconds(fwd, bwd, m),
       idle=step_model.IdleFraction(fwd, bwd, m), budget=budget)
+
+
+def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
+           optimizer_p: Any = None, num_runs: int = 5) -> PlanResult:
+  """`result` with its split's partitions measured whole (module
+  docstring): `layers` are the pipeline's layer params, `input_shapes`
+  the first layer's inputs for one micro-batch."""
+  parts = layer_profile.ProfilePartitions(
+      layers, result.bounds, input_shapes, optimizer_p=optimizer_p,
+      num_runs=num_runs)
+  m, k = result.num_micro_batches, len(parts)
+  predicted = _Predicted(result.name, parts, result.batch_size,
+                         list(range(k + 1)), m, result.recompute,
+                         result.budget)
+  return dataclasses.replace(
+      result, partitions=predicted.partitions, step_s=predicted.step_s,
+      idle=predicted.idle, partition_profiles=parts)
 
 
 def _TooSmall(profiles: Sequence[Profile], k: int, m: int, recompute: str,
@@ -307,12 +342,18 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
         [m for m in Divisors(pipe.batch_size) if m <= 64])
   profiles = {m: ProfileAt(pipe, m, num_runs) for m in ms}
   if num_partitions and num_micro_batches:
-    return Evaluate(pipe.name, profiles[ms[0]], pipe.batch_size,
-                    num_partitions, ms[0], recompute, budget)
-  num_devices = num_devices or devices_lib.NumCores()
-  ks = [num_partitions] if num_partitions else list(
-      range(1, min(num_devices, n) + 1))
-  return Suggest(pipe.name, profiles, pipe.batch_size, ks, recompute, budget)
+    result = Evaluate(pipe.name, profiles[ms[0]], pipe.batch_size,
+                      num_partitions, ms[0], recompute, budget)
+  else:
+    num_devices = num_devices or devices_lib.NumCores()
+    ks = [num_partitions] if num_partitions else list(
+        range(1, min(num_devices, n) + 1))
+    result = Suggest(pipe.name, profiles, pipe.batch_size, ks, recompute,
+                     budget)
+  m = result.num_micro_batches
+  with tf.device(devices_lib.DefaultDevices()[0]):
+    return Refine(result, pipe.layers, pipe.InputShapes(pipe.batch_size // m),
+                  pipe.optimizer, num_runs)
 
 
 def _Args(argv: Sequence[str]) -> argparse.Namespace:

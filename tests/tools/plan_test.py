@@ -266,6 +266,33 @@ class CommandLineTest(absltest.TestCase):
       # what its memory figures lack.
       self.assertIn('traced gradient only', report)
 
+  def testRefinedPartitionsAreTheirLayersMeasuredWhole(self):
+    pipe = model_pipeline.FromRegistry('image.synthetic.ResNetTinyGPipe')
+    profiles = plan.ProfileAt(pipe, 4, num_runs=1)
+    first = plan.Evaluate(pipe.name, profiles, pipe.batch_size, 2, 4)
+    result = plan.Refine(first, pipe.layers, pipe.InputShapes(8),
+                         num_runs=1)
+    self.assertEqual(result.bounds, first.bounds)
+    parts = result.partition_profiles
+    self.assertEqual([p.name for p in parts], ['partition_0', 'partition_1'])
+    for part, (a, b) in zip(parts, zip(result.bounds, result.bounds[1:])):
+      self.assertEqual(part.num_params,
+                       sum(p.num_params for p in profiles[a:b]))
+      self.assertEqual(part.input_bytes, profiles[a].input_bytes)
+      self.assertEqual(part.output_bytes, profiles[b - 1].output_bytes)
+    # The printed prediction is the partitions'.
+    self.assertEqual(result.partitions,
+                     step_model.Predict(parts, [0, 1, 2], 4))
+    self.assertEqual(result.step_s, step_model.StepSeconds(
+        [p.forward_s for p in result.partitions],
+        [p.backward_s for p in result.partitions], 4))
+    self.assertIn('each partition measured whole', str(result))
+    self.assertNotIn('exceed the budget', str(result))
+    tight = dataclasses.replace(
+        result, budget=min(p.peak_bytes for p in result.partitions) - 1)
+    self.assertIn('partitions [0, 1] measured whole exceed the budget',
+                  str(tight))
+
   def testTheCommandMeasuresWorkingSets(self):
     """`python -m lingvo_pipe.tools.plan` turns the allocator's statistics
     on before TensorFlow starts, so every layer's backward is measured."""

@@ -5,7 +5,8 @@ parameters outweigh the activations, so the step's peak is the gradients:
 one copy of the parameters with M=1, two with M > 1, the running sum and
 the new one made in the gradient's buffer (step_model.py). A
 child process (this file with --child; the allocator keeps statistics only
-if told before TensorFlow starts) profiles the layers, predicts and
+if told before TensorFlow starts) profiles the layers (one by one, and
+as the one partition the planner's refinement measures), predicts and
 measures.
 """
 
@@ -62,10 +63,14 @@ def _Child(ms: str) -> None:
   devices.SplitCpu(1)
   out = {}
   for m in map(int, ms.split(',')):
-    profiles = layer_profile.ProfileLayers(
-        _Layers(), tf.TensorShape([BATCH // m, DIM]), num_runs=3)
+    shape = tf.TensorShape([BATCH // m, DIM])
+    profiles = layer_profile.ProfileLayers(_Layers(), shape, num_runs=3)
     predicted = step_model.Predict(profiles, [0, 2], m)[0].step_bytes
-    out[m] = [predicted, _Measured(m)]
+    # The planner's refinement: the partition measured as one layer.
+    whole = layer_profile.ProfilePartitions(_Layers(), [0, 2], shape,
+                                            num_runs=3)
+    refined = step_model.Predict(whole, [0, 1], m)[0].step_bytes
+    out[m] = [predicted, refined, _Measured(m)]
   print(json.dumps(out), flush=True)
 
 
@@ -81,14 +86,16 @@ class StepMemoryTest(absltest.TestCase):
     self.assertEqual(0, child.returncode, child.stderr[-3000:])
     out = json.loads(child.stdout.strip().splitlines()[-1])
     for m, copies in (('1', 1), ('4', 2)):
-      predicted, measured = out[m]
-      msg = (f'M={m}: predicted {predicted / MIB:.2f} MiB, measured '
-             f'{measured / MIB:.2f} MiB, parameters {PARAMS / MIB:.2f} MiB')
+      predicted, refined, measured = out[m]
+      msg = (f'M={m}: predicted {predicted / MIB:.2f} MiB (refined '
+             f'{refined / MIB:.2f}), measured {measured / MIB:.2f} MiB, '
+             f'parameters {PARAMS / MIB:.2f} MiB')
       # The gradients' copies of the parameters, plus the activations
       # (under 1 MiB here).
       self.assertBetween(measured, copies * PARAMS, copies * PARAMS + MIB,
                          msg)
       self.assertBetween(predicted / measured, 0.95, 1.05, msg)
+      self.assertBetween(refined / measured, 0.95, 1.05, msg)
 
 
 if __name__ == '__main__':
