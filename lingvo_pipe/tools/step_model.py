@@ -35,8 +35,10 @@ call). Memory of partition k, for one step, in bytes:
                2.00 P_k in all, docs/DESIGN.md section 28); W_k counts
                the new sums of the layers already done as their
                gradients
-  last       the last partition also holds the whole batch's output and
-             its gradient: 2 M x out
+  last       the last partition also holds the whole batch's output
+             gradient, M x out, through its backward (the output itself
+             is freed once the loss's gradient is made: docs/DESIGN.md
+             section 31)
   peak       resident + gradients + kept (+ last); the step memory
              (what a step adds over the memory between steps) is
              gradients + kept
@@ -128,7 +130,7 @@ def PredictPartition(part: Sequence[Profile], num_micro_batches: int,
   # backward call ends.
   kept = m * part[0].input_bytes + max(working, params)
   if is_last:
-    kept += 2 * m * part[-1].output_bytes
+    kept += m * part[-1].output_bytes
   return PartitionPrediction(
       forward_s=fwd,
       backward_s=sum(p.backward_s for p in part) + (0.0 if keeps else fwd),
