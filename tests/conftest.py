@@ -11,9 +11,36 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from absl import flags  # noqa: E402
 
+from lingvo_pipe.core import quiet  # noqa: E402
+
+# TensorFlow's start-up lines: pytest-xdist's workers import this before
+# pytest captures their output.
+quiet.ImportTensorFlow()
+
 from lingvo_pipe.core import devices  # noqa: E402
 
 if not flags.FLAGS.is_parsed():
   flags.FLAGS.mark_as_parsed()
 
 devices.SplitCpu(4)
+
+
+# Files whose tests start worker servers (several processes pinned to the
+# cores, with timeouts) or time how partitions overlap: tools/test.sh runs
+# them alone, after the rest has run two files at a time (pytest-xdist), so
+# that another test's load does not read as a slow or frozen worker.
+SERIAL_FILES = frozenset({
+    'cluster_test.py', 'local_workers_test.py', 'replicas_cluster_test.py',
+    'trainer_cluster_test.py'})
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      'markers', 'serial: run alone, not beside other tests (conftest.py)')
+
+
+def pytest_collection_modifyitems(config, items):
+  del config  # unused
+  for item in items:
+    if item.path.name in SERIAL_FILES:
+      item.add_marker('serial')

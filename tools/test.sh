@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: pytest over tests/, then every Bazel test.
 #   1. bash tools/setup.sh      creates or checks .venv
-#   2. pytest tests             every *_test.py once, in one process (and
-#                               the 15 slowest tests, to keep an eye on)
+#   2. pytest tests             every *_test.py once: first all but the
+#                               "serial" ones, two files at a time
+#                               (pytest-xdist, one per core), then the
+#                               serial ones alone (they start pinned worker
+#                               servers or time overlap: tests/conftest.py);
+#                               each phase lists its slowest tests
 #   3. bash tools/bazel_test.sh bazel test //... (one process per test file,
 #                               and checks the BUILD files' deps), except
 #                               the tests tagged "integration" (trainer and
@@ -18,15 +22,22 @@ cd "$(dirname "$0")/.."
 
 bash tools/setup.sh
 
-status=0
-.venv/bin/python -m pytest tests -q --durations=15 || status=$?
-if [ "$status" -eq 5 ]; then
-  echo "tools/test.sh: FAILED: pytest collected no tests under tests/" \
-    "(expected *_test.py files)" >&2
-  exit 1
-elif [ "$status" -ne 0 ]; then
-  echo "tools/test.sh: FAILED: pytest exited with $status" >&2
-  exit "$status"
-fi
+# Runs pytest with the given arguments; fails on any failure, and on
+# exit code 5 (no tests collected).
+run_pytest() {
+  local status=0
+  .venv/bin/python -m pytest tests -q "$@" || status=$?
+  if [ "$status" -eq 5 ]; then
+    echo "tools/test.sh: FAILED: pytest $* collected no tests under tests/" \
+      "(expected *_test.py files)" >&2
+    exit 1
+  elif [ "$status" -ne 0 ]; then
+    echo "tools/test.sh: FAILED: pytest $* exited with $status" >&2
+    exit "$status"
+  fi
+}
+
+run_pytest -n 2 --dist loadfile -m "not serial" --durations=15
+run_pytest -m serial --durations=5
 
 bash tools/bazel_test.sh --test_tag_filters=-integration,-slow //...
