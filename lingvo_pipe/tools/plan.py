@@ -22,8 +22,8 @@ overlaps one layer's backward with the next and frees residuals early
 
 Without K or M it suggests them: every K from 1 to the number of devices
 and every M dividing the batch (measured again for each micro-batch
-size), the fastest predicted step that fits; of those within 2% of it,
-the fewest devices, then the fewest micro-batches.
+size), the fastest step by the layers' sums that fits; of those within
+2% of it, the fewest devices, then the fewest micro-batches.
 
 To plan for worker processes pinned to one core each, run the planner
 pinned the same way (`taskset -c 0 python -m lingvo_pipe.tools.plan ...`):
@@ -305,7 +305,8 @@ def Suggest(name: str, profiles_by_m: Dict[int, List[Profile]],
   other = ''.join(f'; next K={p.num_partitions} M={p.num_micro_batches} '
                   f'{p.step_s:.3f} s' for p in runner_up)
   chosen.why = (f'K={chosen.num_partitions} M={chosen.num_micro_batches}: '
-                f'the fastest predicted step{fits} ({chosen.step_s:.3f} s, '
+                f'the fastest step{fits} by its layers\' sums '
+                f'({chosen.step_s:.3f} s, '
                 f'{len(plans)} (K, M) fit; fewest devices and micro-batches '
                 f'within 2%){other}.')
   return chosen

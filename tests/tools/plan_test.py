@@ -175,7 +175,7 @@ class SuggestTest(absltest.TestCase):
     by_m = self._ByM()
     free = plan.Suggest('toy', by_m, 8, [1, 2])
     self.assertEqual((free.num_partitions, free.num_micro_batches), (2, 4))
-    self.assertIn('fastest predicted', free.why)
+    self.assertIn("the fastest step by its layers' sums", free.why)
     tight_budget = plan.LeastPeak(by_m[4], 2, 4) - 1
     tight = plan.Suggest('toy', by_m, 8, [1, 2, 3, 4], budget=tight_budget)
     self.assertGreater(tight.num_partitions, 2)
