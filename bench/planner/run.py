@@ -141,12 +141,8 @@ def _StepFn(layer: Any) -> Any:
 
 def _Build(model: str, bounds: List[int], m: int, devices: List[str]) -> Any:
   from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
-  from lingvo_pipe.core import layers  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import partitioner  # pylint: disable=g-import-not-at-top
-  layer_ps = partitioner.NamedCopies(_Model(model)[0])
-  cells = [layers.SequentialLayer.Params().Set(name=f'cell_{k}',
-                                               sub=layer_ps[a:b])
-           for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+  cells = partitioner.Cells(partitioner.NamedCopies(_Model(model)[0]), bounds)
   layer = gpipe.PipeliningLayer.Params().Set(
       name=model, cell_tpl=cells, num_micro_batches=m, recompute='always',
       devices=devices[:len(cells)]).Instantiate()

@@ -508,17 +508,25 @@ def PartitionWithReport(
   name, costs, sizes = _LayerCosts(layer_ps, cost, input_shapes, dtype,
                                    num_params, num_timing_runs)
   bounds = MinMaxPartition(costs, num_partitions)
-  cells, parts = [], []
-  for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
-    cells.append(layers_lib.SequentialLayer.Params().Set(
-        name=f'cell_{k}', sub=layer_ps[a:b]))
+  parts = []
+  for a, b in zip(bounds, bounds[1:]):
     part_sizes = sizes[a:b]
     parts.append(PartitionStats(
         layer_names=tuple(p.name for p in layer_ps[a:b]),
         layer_costs=tuple(costs[a:b]), cost=sum(costs[a:b]),
         num_params=sum(num_params[a:b]),
         activation_bytes=None if None in part_sizes else sum(part_sizes)))
-  return cells, BalanceReport(name, num_micro_batches, tuple(parts))
+  return (Cells(layer_ps, bounds),
+          BalanceReport(name, num_micro_batches, tuple(parts)))
+
+
+def Cells(layer_ps: Sequence[hyperparams.Params], bounds: Sequence[int],
+          prefix: str = 'cell') -> List[hyperparams.Params]:
+  """The split `bounds` (MinMaxPartition's form) of named layer params
+  (NamedCopies') as `SequentialLayer` params named `{prefix}_{k}`."""
+  return [layers_lib.SequentialLayer.Params().Set(
+      name=f'{prefix}_{k}', sub=layer_ps[a:b])
+          for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
 
 def PartitionSequentialLayers(

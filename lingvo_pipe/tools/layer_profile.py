@@ -47,7 +47,6 @@ from typing import Any, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from lingvo_pipe.core import hyperparams
-from lingvo_pipe.core import layers as layers_lib
 from lingvo_pipe.core import partitioner
 from lingvo_pipe.core import residuals
 
@@ -259,13 +258,8 @@ def ProfilePartitions(layers: Sequence[hyperparams.Params],
   220 measured whole and in the pipeline; docs/DESIGN.md section 31).
   Arguments as ProfileLayers'.
   """
-  named = partitioner.NamedCopies(layers)
-  parts = []
-  for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
-    sub = [p.Copy() for p in named[a:b]]
-    for p in sub:
-      if p.dtype is None:
-        p.dtype = dtype
-    parts.append(layers_lib.SequentialLayer.Params().Set(
-        name=f'partition_{k}', sub=sub))
+  # ProfileLayers gives each partition `dtype` where it has none, and its
+  # layers inherit it from there.
+  parts = partitioner.Cells(partitioner.NamedCopies(layers), bounds,
+                            prefix='partition')
   return ProfileLayers(parts, input_shapes, dtype, optimizer_p, num_runs)
