@@ -1,8 +1,8 @@
 """The planner's predictions against measurement, per configuration.
 
   .venv/bin/python bench/planner/run.py [--models=transformer,amoebanet]
-      [--ks=1,2] [--ms=1,4,8] [--rounds=7] [--memory_runs=3]
-      [--json_out=FILE]
+      [--ks=1,2] [--ms=1,4,8] [--profile_rounds=3] [--rounds=5]
+      [--memory_runs=3] [--parts=memory,time] [--json_out=FILE]
 
 For each model and (K, M), recompute 'always', batch 32:
 1. Predicted (a process pinned to core 0 with `taskset`, as each worker
@@ -16,10 +16,25 @@ For each model and (K, M), recompute 'always', batch 32:
 2. Measured: two `tf.distribute.Server` workers pinned to cores 0 and 1
    (`LocalWorkers`), partition k on task k, built with the predicted split.
    A step is forward, loss = mean(output ** 2) and every gradient, no
-   update (as bench/gpipe). Step time: median over `rounds` interleaved
-   rounds (every configuration one step per round, starting one further
-   along each round: stack.Rotations), on workers with TF's defaults (the
-   profile too), as a user runs. Step memory per worker: its allocator's
+   update (as bench/gpipe). Step time, on workers with TF's defaults, as
+   a user runs: `rounds` interleaved rotations (every configuration one
+   step, then one step of the same function with every pipeline task
+   stamped, step_trace.Tracer; starting one further along each rotation:
+   stack.Rotations).
+3. Time is measured in `profile_rounds` rounds; each round after the
+   first profiles the first round's splits whole again (as 1), then
+   times them (as 2) on fresh workers. This machine runs a core at one
+   of two speeds, about 1.3x apart, for 10-60 s at a time
+   (docs/DESIGN.md section 31), so a prediction and a timing minutes
+   apart may not be of the same machine. The table compares the fast
+   state: the prediction from each partition's least F and B over the
+   rounds, against the least of the rounds' median steps. It also gives
+   each round's prediction against its own timing; the pipeline's tasks
+   (least over the stamped steps) against the profile's; the schedule
+   (step_model) run with each stamped step's measured task times against
+   that step's span; and the plain step's time against the span of the
+   stamped step after it (what a step spends outside its tasks).
+4. Step memory per worker (in the first round's split): its allocator's
    peak during a step minus what it held before the step (workers with
    TF_CPU_ALLOCATOR_USE_BFC=true, read by LocalWorkers.ReadServerMemory),
    the most of five steps after warm-up; that is repeated on
@@ -104,12 +119,20 @@ def _Predict(args: argparse.Namespace) -> None:
   plan.SetUpProcess()  # as `python -m lingvo_pipe.tools.plan` runs
   devices.SplitCpu(1)
   layer_ps, shapes = _Model(args.model)
+  # Rounds after the first re-measure the first round's splits whole.
+  fixed = json.loads(args.predicted) if args.predicted else None
   out = {}
   for m in args.ms:
-    profiles = layer_profile.ProfileLayers(layer_ps, shapes(BATCH // m),
-                                           num_runs=args.timing_runs)
+    profiles = None if fixed else layer_profile.ProfileLayers(
+        layer_ps, shapes(BATCH // m), num_runs=args.timing_runs)
     for k in args.ks:
-      summed = plan.Evaluate(args.model, profiles, BATCH, k, m)
+      if fixed:
+        summed = plan.PlanResult(
+            name=args.model, batch_size=BATCH, num_micro_batches=m,
+            recompute='always', bounds=fixed[f'{k},{m}']['bounds'],
+            profiles=[], partitions=[], step_s=0.0, idle=0.0)
+      else:
+        summed = plan.Evaluate(args.model, profiles, BATCH, k, m)
       res = plan.Refine(summed, layer_ps, shapes(BATCH // m),
                         num_runs=args.timing_runs)
       out[f'{k},{m}'] = {
@@ -165,8 +188,25 @@ def _StepMemory(fn: Any, inputs: Any, pids: List[int],
   return [max(r) for r in zip(*readings)]
 
 
+def _Replay(trace: Any, m: int) -> Dict[str, Any]:
+  """One traced step: the measured span of its tasks; each partition's
+  mean measured F and B (B with its re-computation); and the step model's
+  schedule (step_model.StepSeconds) run with those, which misses only
+  what the schedule misses beyond the tasks' own times."""
+  from lingvo_pipe.tools import step_model  # pylint: disable=g-import-not-at-top
+  layer, = trace.Layers()
+  k = trace.Shape(layer)[0]
+  fb = [[statistics.mean(t.end - t.start for t in trace.tasks
+                         if t.phase == phase and t.partition == i)
+         for i in range(k)] for phase in 'FB']
+  begin, end = trace.Span(layer)
+  return {'span_s': end - begin, 'fb': list(zip(*fb)),
+          'schedule_s': step_model.StepSeconds(fb[0], fb[1], m)}
+
+
 def _Measure(args: argparse.Namespace) -> None:
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import step_trace  # pylint: disable=g-import-not-at-top
   import stack as stack_lib  # pylint: disable=g-import-not-at-top
   spec = cluster.ParseClusterSpec(args.cluster_spec)
   devices = cluster.Connect(spec)
@@ -174,13 +214,16 @@ def _Measure(args: argparse.Namespace) -> None:
   pids = [int(p) for p in args.pids.split(',')]
   predicted = json.loads(args.predicted)
   inputs = _Inputs(args.model)
-  fns, out = {}, {}
+  fns, tracers, out = {}, {}, {}
   for label, pred in predicted.items():
     k, m = map(int, label.split(','))
     fn = _StepFn(_Build(args.model, pred['bounds'], m, devices))
     stack_lib.Prepare(fn, inputs, args.warmup)
     fns[label] = fn
-    out[label] = {'times': []}
+    out[label] = {'times': [], 'replays': []}
+    if args.part == 'time':
+      tracers[label] = step_trace.Tracer(fn.python_function, inputs)
+      tracers[label].Step()
     if args.part == 'memory':
       out[label]['step_bytes'] = _StepMemory(fn, inputs, pids[:k],
                                              addresses[:k])
@@ -189,6 +232,12 @@ def _Measure(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     fns[label](inputs)[0].numpy()
     out[label]['times'].append(time.perf_counter() - start)
+    m = int(label.split(',')[1])
+    replay = _Replay(tracers[label].Run(), m)
+    # The plain step just before, against this step's tasks: what the step
+    # spends outside the pipeline's tasks (its call, inputs, gradients).
+    replay['plain_s'] = out[label]['times'][-1]
+    out[label]['replays'].append(replay)
   print(json.dumps(out), flush=True)
 
 
@@ -244,25 +293,76 @@ def _Error(pred: float, meas: float) -> str:
   return f'{(pred - meas) / meas:+.0%}' if meas else 'n/a'
 
 
+def _Median(values: List[float]) -> float:
+  return statistics.median(values) if values else 0.0
+
+
+def _Range(errors: List[float], digits: int = 0) -> str:
+  return f'{min(errors):+.{digits}%} to {max(errors):+.{digits}%}'
+
+
+def _TimeCells(m: int, rounds: List[Dict[str, Any]]) -> List[str]:
+  """The table's time cells of one configuration (module docstring).
+
+  The machine runs a core at one of two speeds, for 10-60 s at a time
+  (README): a comparison means something only between measurements at
+  the same speed. The headline compares the fast state: the prediction
+  from each partition's least F and B over the rounds' profiles, and the
+  least of the rounds' median steps. Beside it, each round's prediction
+  against its own timing (both states mixed), and how the tasks in the
+  pipeline compare with the profile, and the schedule with the span.
+  """
+  from lingvo_pipe.tools import step_model  # pylint: disable=g-import-not-at-top
+  least = lambda rows: [min(col) for col in zip(*rows)]  # noqa: E731
+  prof_fb = [least(parts) for parts in zip(*[r['fb'] for r in rounds])]
+  pred = step_model.StepSeconds([f for f, _ in prof_fb],
+                                [b for _, b in prof_fb], m)
+  meas = min(_Median(r['times']) for r in rounds)
+  paired = [(r['step_s'] - _Median(r['times'])) / _Median(r['times'])
+            for r in rounds]
+  steps = [x for r in rounds for x in r['replays']]
+  task_fb = [least(parts) for parts in zip(*[x['fb'] for x in steps])]
+  tasks = sum(map(sum, task_fb)) / sum(map(sum, prof_fb)) - 1
+  schedule = [(x['schedule_s'] - x['span_s']) / x['span_s'] for x in steps]
+  outside = [(x['plain_s'] - x['span_s']) / x['span_s'] for x in steps]
+  return [f'{pred:.3f} s', f'{meas:.3f} s', _Error(pred, meas),
+          f'{_Median(paired):+.0%} ({_Range(paired)})', f'{tasks:+.0%}',
+          f'{_Median(schedule):+.1%} ({_Range(schedule, 1)})',
+          f'{_Median(outside):+.0%} ({_Range(outside)})']
+
+
 def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
+  """Time cells (_TimeCells) and memory: the first round's prediction
+  against the median over fresh worker pairs."""
   mib = 2**20
   lines = [f'### {model}', '',
-           '| K M | split | step predicted (layer sums) | measured | error '
-           '(layer sums) | step memory per worker predicted (layer sums) | '
-           'measured, median (range) | error (layer sums) |',
-           '|---|---|---|---|---|---|---|---|']
+           '| K M | split | step predicted, fast state (layer sums) | '
+           'measured, fast state | error (layer sums) | each round '
+           'against its own timing: median (range) | pipeline\'s tasks '
+           'against the profile, fast state | schedule of the measured '
+           'tasks against their span: median (range) | the step beyond its '
+           'tasks\' span: median (range) | step memory per '
+           'worker predicted (layer sums) | measured, median (range) | '
+           'error (layer sums) |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|']
   for label, p in pred.items():
     k, m = label.split(',')
-    t = statistics.median(meas[label]['times'])
+    rounds = meas[label]['rounds']
+    sum_t = p['summed_step_s']
+    if rounds:
+      t = _TimeCells(int(m), rounds)
+      t[0] = t[0].replace(' s', f' ({sum_t:.3f}) s')
+      t[2] += f' ({_Error(sum_t, min(_Median(r["times"]) for r in rounds))})'
+    else:
+      t = ['n/a'] * 7
     mem_p, mem_m = p['step_bytes'], meas[label]['step_bytes']
     runs = meas[label]['step_bytes_runs']
     measured = [f'{x / mib:.1f}' + (
         f' ({min(w) / mib:.0f}-{max(w) / mib:.0f})' if len(runs) > 1 else '')
                 for x, w in zip(mem_m, zip(*runs) if runs else mem_m)]
-    sum_t, sum_mem = p['summed_step_s'], p['summed_step_bytes']
+    sum_mem = p['summed_step_bytes']
     lines.append(
-        f'| {k} {m} | {p["bounds"]} | {p["step_s"]:.3f} ({sum_t:.3f}) s | '
-        f'{t:.3f} s | {_Error(p["step_s"], t)} ({_Error(sum_t, t)}) | '
+        f'| {k} {m} | {p["bounds"]} | ' + ' | '.join(t) + ' | '
         + ', '.join(f'{x / mib:.1f} ({y / mib:.1f})'
                     for x, y in zip(mem_p, sum_mem)) + ' MiB | '
         + ', '.join(measured) + ' MiB | '
@@ -276,7 +376,12 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--models', default='transformer,amoebanet')
   parser.add_argument('--ks', default='1,2')
   parser.add_argument('--ms', default='1,4,8')
-  parser.add_argument('--rounds', type=int, default=7)
+  parser.add_argument('--profile_rounds', type=int, default=3,
+                      help='Rounds of (profile the splits whole, time them '
+                      'on the workers); each round\'s error is its '
+                      'prediction against its own timing.')
+  parser.add_argument('--rounds', type=int, default=5,
+                      help='Timed steps of each configuration per round.')
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--timing_runs', type=int, default=7)
   parser.add_argument('--memory_runs', type=int, default=3,
@@ -296,6 +401,9 @@ def _Args() -> argparse.Namespace:
   args = parser.parse_args()
   if args.memory_runs < 1:
     parser.error(f'--memory_runs={args.memory_runs}: give at least 1.')
+  if args.profile_rounds < 1 or args.rounds < 1:
+    parser.error(f'--profile_rounds={args.profile_rounds} '
+                 f'--rounds={args.rounds}: give at least 1 of each.')
   return args
 
 
@@ -318,10 +426,21 @@ def main() -> None:
     speeds = [_CoreSeconds()]
     pred = _Child(args, 'predict', [], pin=True)
     parts = args.parts.split(',')
-    # Time right after the profile, before the memory runs: the machine's
-    # speed drifts over minutes (bench/planner/README.md).
-    times = (_MeasureOnWorkers(args, 'time', pred, {})
-             if 'time' in parts else None)
+    # The machine's speed drifts by a fifth over minutes (README): each
+    # round profiles the splits whole again, then times them at once, and
+    # each round's prediction is compared with its own timing.
+    rounds = []
+    for r in range(args.profile_rounds if 'time' in parts else 0):
+      pred_r = pred if r == 0 else _Child(
+          args, 'predict', [f'--predicted={json.dumps(pred)}'], pin=True)
+      rounds.append({'predicted': pred_r,
+                     'measured': _MeasureOnWorkers(args, 'time', pred, {})})
+      print(f'round {r + 1}/{args.profile_rounds}, predicted against '
+            'measured: ' + ', '.join(
+                f'K,M={label} ' + _Error(pred_r[label]['step_s'],
+                                          statistics.median(meas['times']))
+                for label, meas in rounds[-1]['measured'].items()),
+            flush=True)
     speeds.append(_CoreSeconds())
     memory_runs = [_MeasureOnWorkers(args, 'memory', pred, MEMORY_ENV)
                    for _ in range(args.memory_runs if 'memory' in parts
@@ -330,7 +449,11 @@ def main() -> None:
     for label in pred:
       runs = [run[label]['step_bytes'] for run in memory_runs]
       meas[label] = {
-          'times': times[label]['times'] if times else [0.0],
+          'rounds': [{'step_s': rnd['predicted'][label]['step_s'],
+                      'fb': rnd['predicted'][label]['fb'],
+                      'times': rnd['measured'][label]['times'],
+                      'replays': rnd['measured'][label]['replays']}
+                     for rnd in rounds],
           'step_bytes': ([int(statistics.median(w)) for w in zip(*runs)]
                          if runs else [0] * len(pred[label]['step_bytes'])),
           'step_bytes_runs': runs}

@@ -237,6 +237,73 @@ def TimestampsAllowed() -> Iterator[None]:
       tf_config.enable_op_determinism()
 
 
+class Tracer:
+  """`fn(*args)` traced once with every pipeline task stamped; each `Run()`
+  runs one step and returns its StepTrace.
+
+  For many measured steps of one function (bench/planner compares each
+  step's tasks with its span); Measure() is one of them after warm-up.
+  The clocks' offsets are measured at the first Run() and kept.
+  """
+
+  def __init__(self, fn: Callable[..., Any], *args: Any):
+    with pipeline_run.RecordTasks() as recorder:
+      def Stamped(*inner):
+        # fn's outputs are returned too: what nothing reads, the runtime
+        # prunes, and the step would not be the step.
+        out = [t for t in tf.nest.flatten(fn(*inner)) if t is not None]
+        return recorder.Tensors(), out
+      self._concrete = tf.function(
+          Stamped, autograph=False).get_concrete_function(*args)
+    if not recorder.tasks:
+      raise ValueError('step_trace: the function ran no PipeliningLayer, so '
+                       'there is nothing to trace.')
+    self._args = args
+    self._tasks = recorder.tasks
+    self._offsets: Optional[Dict[str, Tuple[float, float]]] = None
+    self._clocks: Dict[str, str] = {}
+
+  def Step(self) -> None:
+    """One step, its stamps discarded (warm-up)."""
+    with TimestampsAllowed():
+      self._concrete(*self._args)
+
+  def Run(self) -> StepTrace:
+    """One step, measured."""
+    with TimestampsAllowed():  # the measured run's results are discarded
+      values = [float(v) for v in self._concrete(*self._args)[0]]
+      if self._offsets is None:
+        self._AlignClocks()
+    stamps = []
+    for i, task in enumerate(self._tasks):
+      shift = self._offsets.get(_TaskOf(task.device), (0.0, 0.0))[0]
+      start, end, mid = (v - shift for v in values[3 * i:3 * i + 3])
+      stamps.append((task, start, end,
+                     None if task.recomputed is None else mid))
+    zero = min(s for _, s, _, _ in stamps)
+    tasks = [MeasuredTask(
+        t.layer, t.device, t.phase, t.partition, t.micro_batch, s - zero,
+        e - zero, None if r is None else r - zero) for t, s, e, r in stamps]
+    return StepTrace(tasks, dict(self._clocks))
+
+  def _AlignClocks(self) -> None:
+    devices = sorted({t.device for t in self._tasks})
+    offsets = ClockOffsets(devices)
+    if any(_TaskOf(d) is None for d in devices):
+      self._clocks['this process'] = 'the trainer\'s own clock'
+    for task, (offset, err) in list(offsets.items()):
+      # Within its uncertainty the clock is indistinguishable from ours
+      # (one host: the same clock); shifting by the estimate would add its
+      # noise.
+      applied = abs(offset) > err
+      offsets[task] = (offset if applied else 0.0, err)
+      self._clocks[task] = (
+          f'offset {offset * 1e3:+.3f} ms +- {err * 1e3:.3f} ms from a round '
+          'trip' + (', subtracted' if applied else
+                    ': within its uncertainty, not shifted'))
+    self._offsets = offsets
+
+
 def Measure(fn: Callable[..., Any], *args: Any, warmup: int = 2
             ) -> StepTrace:
   """Runs fn(*args) as a tf.function warmup + 1 times; the last, measured.
@@ -244,46 +311,10 @@ def Measure(fn: Callable[..., Any], *args: Any, warmup: int = 2
   `fn` must run at least one PipeliningLayer (and usually its gradient);
   its outputs are computed, then discarded.
   """
-  with pipeline_run.RecordTasks() as recorder:
-    def Stamped(*inner):
-      # fn's outputs are returned too: what nothing reads, the runtime
-      # prunes, and the step would not be the step.
-      out = [t for t in tf.nest.flatten(fn(*inner)) if t is not None]
-      return recorder.Tensors(), out
-    step = tf.function(Stamped, autograph=False)
-    concrete = step.get_concrete_function(*args)
-  if not recorder.tasks:
-    raise ValueError('step_trace.Measure: the function ran no '
-                     'PipeliningLayer, so there is nothing to trace.')
-  devices = sorted({t.device for t in recorder.tasks})
-  with TimestampsAllowed():  # the measured run's results are discarded
-    for _ in range(max(warmup, 0)):
-      concrete(*args)
-    values = [float(v) for v in concrete(*args)[0]]
-    offsets = ClockOffsets(devices)
-  clocks = {}
-  if any(_TaskOf(d) is None for d in devices):
-    clocks['this process'] = 'the trainer\'s own clock'
-  for task, (offset, err) in list(offsets.items()):
-    # Within its uncertainty the clock is indistinguishable from ours (one
-    # host: the same clock); shifting by the estimate would add its noise.
-    applied = abs(offset) > err
-    offsets[task] = (offset if applied else 0.0, err)
-    clocks[task] = (f'offset {offset * 1e3:+.3f} ms +- {err * 1e3:.3f} ms '
-                    'from a round trip' + (', subtracted' if applied else
-                                           ': within its uncertainty, not '
-                                           'shifted'))
-  stamps = []
-  for i, task in enumerate(recorder.tasks):
-    shift = offsets.get(_TaskOf(task.device), (0.0, 0.0))[0]
-    start, end, mid = (v - shift for v in values[3 * i:3 * i + 3])
-    stamps.append((task, start, end,
-                   None if task.recomputed is None else mid))
-  zero = min(s for _, s, _, _ in stamps)
-  tasks = [MeasuredTask(
-      t.layer, t.device, t.phase, t.partition, t.micro_batch, s - zero,
-      e - zero, None if r is None else r - zero) for t, s, e, r in stamps]
-  return StepTrace(tasks, clocks)
+  tracer = Tracer(fn, *args)
+  for _ in range(max(warmup, 0)):
+    tracer.Step()
+  return tracer.Run()
 
 
 def MeasureStep(task: Any, batch: Any, warmup: int = 2) -> StepTrace:

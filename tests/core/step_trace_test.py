@@ -188,6 +188,27 @@ class StepTraceTest(parameterized.TestCase):
         tf_config.disable_op_determinism()
     self.assertLen(trace.tasks, 2 * _K * _M)
 
+  def testATracerMeasuresEveryRunOfOneTrace(self):
+    layer = _Layer('always')
+    x = tf.random.stateless_normal([32, 32], [9, 10])
+    step = _Step(layer)
+    calls = []
+
+    def Counted(inputs):
+      calls.append(1)  # Python runs only while tracing
+      return step(inputs)
+
+    tracer = step_trace.Tracer(Counted, x)
+    tracer.Step()
+    traces = [tracer.Run() for _ in range(3)]
+    self.assertLen(calls, 1)
+    for trace in traces:
+      self._CheckSchedule(trace, 'pipe', layer.devices, {0, 1})
+      self.assertEqual(min(t.start for t in trace.tasks), 0.0)
+    # Each run is its own: the stamps are not the first run's again.
+    self.assertNotEqual([t.end for t in traces[0].tasks],
+                        [t.end for t in traces[1].tasks])
+
   def testAFunctionWithoutAPipelineIsAnError(self):
     with self.assertRaisesRegex(ValueError, 'ran no PipeliningLayer'):
       step_trace.Measure(lambda x: x * 2.0, tf.constant(1.0))
