@@ -321,8 +321,10 @@ def _TimeCells(m: int, rounds: List[Dict[str, Any]]) -> List[str]:
   paired = [(r['step_s'] - _Median(r['times'])) / _Median(r['times'])
             for r in rounds]
   steps = [x for r in rounds for x in r['replays']]
-  task_fb = [least(parts) for parts in zip(*[x['fb'] for x in steps])]
-  tasks = sum(map(sum, task_fb)) / sum(map(sum, prof_fb)) - 1
+  # Each stamped step's tasks through the schedule, the fastest step: its
+  # tasks as they ran together (both workers busy at once, K=2), where
+  # the least of each task alone would pick the times when one was idle.
+  tasks = min(x['schedule_s'] for x in steps) / pred - 1
   schedule = [(x['schedule_s'] - x['span_s']) / x['span_s'] for x in steps]
   outside = [(x['plain_s'] - x['span_s']) / x['span_s'] for x in steps]
   return [f'{pred:.3f} s', f'{meas:.3f} s', _Error(pred, meas),
@@ -339,7 +341,8 @@ def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
            '| K M | split | step predicted, fast state (layer sums) | '
            'measured, fast state | error (layer sums) | each round '
            'against its own timing: median (range) | pipeline\'s tasks '
-           'against the profile, fast state | schedule of the measured '
+           'through the schedule against the prediction, fastest step | '
+           'schedule of the measured '
            'tasks against their span: median (range) | the step beyond its '
            'tasks\' span: median (range) | step memory per '
            'worker predicted (layer sums) | measured, median (range) | '
@@ -389,6 +392,9 @@ def _Args() -> argparse.Namespace:
                       'on; the median is compared.')
   parser.add_argument('--timeout', type=float, default=3600)
   parser.add_argument('--json_out', default='')
+  parser.add_argument('--tables_from', default='',
+                      help='Print the tables of an earlier run\'s --json_out '
+                      'file, and measure nothing.')
   parser.add_argument('--parts', default='memory,time',
                       help='What to measure: memory, time or both.')
   parser.add_argument('--wait_idle', type=int, default=1,
@@ -414,6 +420,11 @@ def main() -> None:
     args.ms = [int(m) for m in args.ms.split(',')]
     {'predict': _Predict, 'memory': _Measure, 'time': _Measure}[
         args.part](args)
+    return
+  if args.tables_from:
+    with open(args.tables_from) as f:
+      for model, res in json.load(f).items():
+        print(_Table(model, res['predicted'], res['measured']) + '\n')
     return
   if args.wait_idle:
     _WaitIdle()
