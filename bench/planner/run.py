@@ -29,11 +29,12 @@ For each model and (K, M), recompute 'always', batch 32:
    apart may not be of the same machine. The table compares the fast
    state: the prediction from each partition's least F and B over the
    rounds, against the least of the rounds' median steps. It also gives
-   each round's prediction against its own timing; the pipeline's tasks
-   (least over the stamped steps) against the profile's; the schedule
-   (step_model) run with each stamped step's measured task times against
-   that step's span; and the plain step's time against the span of the
-   stamped step after it (what a step spends outside its tasks).
+   each round's prediction against its own timing; the fastest stamped
+   step's tasks put through the schedule (step_model), against the
+   prediction; the schedule run with each stamped step's measured task
+   times, against that step's span; and the plain step's time against
+   the span of the stamped step after it (what a step spends outside its
+   tasks). `--tables_from=RUN.json` prints a run's tables again.
 4. Step memory per worker (in the first round's split): its allocator's
    peak during a step minus what it held before the step (workers with
    TF_CPU_ALLOCATOR_USE_BFC=true, read by LocalWorkers.ReadServerMemory),
@@ -309,8 +310,9 @@ def _TimeCells(m: int, rounds: List[Dict[str, Any]]) -> List[str]:
   the same speed. The headline compares the fast state: the prediction
   from each partition's least F and B over the rounds' profiles, and the
   least of the rounds' median steps. Beside it, each round's prediction
-  against its own timing (both states mixed), and how the tasks in the
-  pipeline compare with the profile, and the schedule with the span.
+  against its own timing (both states mixed), the fastest stamped step's
+  tasks through the schedule against the prediction, the schedule
+  against each stamped step's span, and the plain step against it.
   """
   from lingvo_pipe.tools import step_model  # pylint: disable=g-import-not-at-top
   least = lambda rows: [min(col) for col in zip(*rows)]  # noqa: E731
