@@ -302,8 +302,10 @@ def _Range(errors: List[float], digits: int = 0) -> str:
   return f'{min(errors):+.{digits}%} to {max(errors):+.{digits}%}'
 
 
-def _TimeCells(m: int, rounds: List[Dict[str, Any]]) -> List[str]:
-  """The table's time cells of one configuration (module docstring).
+def _TimeCells(m: int, rounds: List[Dict[str, Any]],
+               summed_s: float) -> List[str]:
+  """The table's time cells of one configuration (module docstring);
+  `summed_s` is the layer sums' prediction, given in brackets.
 
   The machine runs a core at one of two speeds, for 10-60 s at a time
   (README): a comparison means something only between measurements at
@@ -329,7 +331,8 @@ def _TimeCells(m: int, rounds: List[Dict[str, Any]]) -> List[str]:
   tasks = min(x['schedule_s'] for x in steps) / pred - 1
   schedule = [(x['schedule_s'] - x['span_s']) / x['span_s'] for x in steps]
   outside = [(x['plain_s'] - x['span_s']) / x['span_s'] for x in steps]
-  return [f'{pred:.3f} s', f'{meas:.3f} s', _Error(pred, meas),
+  return [f'{pred:.3f} ({summed_s:.3f}) s', f'{meas:.3f} s',
+          f'{_Error(pred, meas)} ({_Error(summed_s, meas)})',
           f'{_Median(paired):+.0%} ({_Range(paired)})', f'{tasks:+.0%}',
           f'{_Median(schedule):+.1%} ({_Range(schedule, 1)})',
           f'{_Median(outside):+.0%} ({_Range(outside)})']
@@ -353,13 +356,8 @@ def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
   for label, p in pred.items():
     k, m = label.split(',')
     rounds = meas[label]['rounds']
-    sum_t = p['summed_step_s']
-    if rounds:
-      t = _TimeCells(int(m), rounds)
-      t[0] = t[0].replace(' s', f' ({sum_t:.3f}) s')
-      t[2] += f' ({_Error(sum_t, min(_Median(r["times"]) for r in rounds))})'
-    else:
-      t = ['n/a'] * 7
+    t = (_TimeCells(int(m), rounds, p['summed_step_s']) if rounds
+         else ['n/a'] * 7)
     mem_p, mem_m = p['step_bytes'], meas[label]['step_bytes']
     runs = meas[label]['step_bytes_runs']
     measured = [f'{x / mib:.1f}' + (
