@@ -15,11 +15,13 @@ For each model and (K, M), recompute 'always', batch 32:
    prediction too, in brackets.
 2. Measured: two `tf.distribute.Server` workers pinned to cores 0 and 1
    (`LocalWorkers`), partition k on task k, built with the predicted split.
-   A step is forward, loss = mean(output ** 2) and every gradient, no
-   update (as bench/gpipe). Step time, on workers with TF's defaults, as
-   a user runs: `rounds` interleaved rotations (every configuration one
-   step, then one step of the same function with every pipeline task
-   stamped, step_trace.Tracer; starting one further along each rotation:
+   A step is the trainer's: forward, loss = mean(output ** 2), every
+   gradient and an SGD update of each variable where it lives; only the
+   loss comes back to the client (_StepFn). Step time, on workers with
+   TF's defaults, as a user runs: `rounds` interleaved rotations (every
+   configuration an untimed step, a timed one, then one of the same
+   function with every pipeline task stamped, step_trace.Tracer; starting
+   one further along each rotation:
    stack.Rotations).
 3. Time is measured in `profile_rounds` rounds; each round after the
    first profiles the first round's splits whole again (as 1), then
@@ -79,6 +81,7 @@ import cores  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 
 BATCH = 32
+LEARNING_RATE = 1e-3  # small: a timed step's values hardly move
 
 
 def _Model(name: str) -> Any:
@@ -150,15 +153,30 @@ def _Predict(args: argparse.Namespace) -> None:
 
 
 def _StepFn(layer: Any) -> Any:
+  """A training step as the trainer's: forward, loss, every gradient, and
+  an SGD update of each variable on its own device; returns (loss,), the
+  loss first as bench/gpipe's stack.Prepare reads it.
+
+  Returning the gradients to the client instead (as bench/gpipe's step
+  does) cost AmoebaNet-D K=1 M=1 70-130 ms a step on a worker: each of
+  its ~300 gradients is a send on the worker's one core after the last
+  task (docs/DESIGN.md section 31). A trainer never does that.
+  """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import optimizer  # pylint: disable=g-import-not-at-top
   variables = layer.vars.Flatten()
+  sgd = optimizer.SGD.Params().Set(name='sgd').Instantiate()
+  sgd.CreateSlots(variables)
 
   def Step(inputs):
     with tf.GradientTape() as tape:
       out = layer.FPropDefaultTheta(inputs)
       out = out.vec if isinstance(out, dict) else out
       loss = tf.reduce_mean(tf.square(out))
-    return loss, tape.gradient(loss, variables)
+    grads = tape.gradient(loss, variables)
+    with tf.control_dependencies(sgd.Apply(LEARNING_RATE,
+                                           list(zip(grads, variables)))):
+      return (tf.identity(loss),)
 
   return tf.function(Step, autograph=False)
 
@@ -230,6 +248,11 @@ def _Measure(args: argparse.Namespace) -> None:
                                              addresses[:k])
   rounds = args.rounds if args.part == 'time' else 0
   for label in stack_lib.Rotations(list(fns), rounds):
+    # First a step untimed: a user's step follows one of its own, while
+    # this one follows another configuration's, and the first step after
+    # a switch sometimes ran 14-29% slower than the next (3 of 16 switches
+    # in one probe of the four AmoebaNet-D configurations).
+    fns[label](inputs)[0].numpy()
     start = time.perf_counter()
     fns[label](inputs)[0].numpy()
     out[label]['times'].append(time.perf_counter() - start)
