@@ -158,9 +158,10 @@ def _StepFn(layer: Any) -> Any:
   loss first as bench/gpipe's stack.Prepare reads it.
 
   Returning the gradients to the client instead (as bench/gpipe's step
-  does) cost AmoebaNet-D K=1 M=1 70-130 ms a step on a worker: each of
-  its ~300 gradients is a send on the worker's one core after the last
-  task (docs/DESIGN.md section 31). A trainer never does that.
+  does), AmoebaNet-D K=1 M=1 on a worker spent 79-133 ms a step outside
+  its tasks, against 19-28 ms with this step: its ~300 gradients are
+  each a send on the worker after the last task, then received by the
+  client (docs/DESIGN.md section 31). A trainer never does that.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import optimizer  # pylint: disable=g-import-not-at-top
@@ -250,7 +251,7 @@ def _Measure(args: argparse.Namespace) -> None:
   for label in stack_lib.Rotations(list(fns), rounds):
     # First a step untimed: a user's step follows one of its own, while
     # this one follows another configuration's, and the first step after
-    # a switch sometimes ran 14-29% slower than the next (3 of 16 switches
+    # a switch sometimes ran 19-29% slower than the next (3 of 16 switches
     # in one probe of the four AmoebaNet-D configurations).
     fns[label](inputs)[0].numpy()
     start = time.perf_counter()
