@@ -138,7 +138,7 @@ def _Predict(args: argparse.Namespace) -> None:
       else:
         summed = plan.Evaluate(args.model, profiles, BATCH, k, m)
       res = plan.Refine(summed, layer_ps, shapes(BATCH // m),
-                        num_runs=args.timing_runs)
+                        num_runs=args.timing_runs, cores=list(range(k)))
       out[f'{k},{m}'] = {
           'bounds': res.bounds, 'step_s': res.step_s,
           'step_bytes': [p.step_bytes for p in res.partitions],

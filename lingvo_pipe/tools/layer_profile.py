@@ -42,10 +42,16 @@ resident, so it under-reads small tensors.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Sequence, Tuple
+import multiprocessing
+import os
+import queue
+import threading
+import time
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from lingvo_pipe.core import cluster
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import partitioner
 from lingvo_pipe.core import residuals
@@ -177,14 +183,19 @@ def _KeptBytes(layer: Any, args: Tuple[Any, ...]) -> Tuple[int, int]:
 
 def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
                 optimizer_p: Optional[hyperparams.Params], num_runs: int,
-                allocator: Optional[str]) -> Tuple[LayerProfile, Any]:
+                allocator: Optional[str],
+                ready: Optional[Callable[[], Any]] = None
+                ) -> Tuple[LayerProfile, Any, Tuple[Any, Any]]:
+  """(the layer's profile, its outputs, (its gradient step, the step's
+  inputs)). Everything but the timing comes first; `ready`, if given, is
+  called just before the timing starts."""
   layer = p.Instantiate()
   layer.SetTraining(True)
   fprop = tf.function(lambda *a: layer.FProp(layer.theta, *a),
                       autograph=False)
-  forward_s, out = partitioner.MedianSeconds(fprop, args, num_runs)
+  out = fprop(*args)
   grad_fn, grad_inputs = _GradientFn(layer, args, out)
-  both_s, _ = partitioner.MedianSeconds(grad_fn, grad_inputs, num_runs)
+  grad_fn(*grad_inputs)  # traced before the allocator's peak is read
   backward_peak = PeakBytes(grad_fn, grad_inputs, allocator)
   residual_bytes, read_bytes = _KeptBytes(layer, args)
   variables = [v for v in layer.vars.Flatten() if v.trainable]
@@ -194,6 +205,10 @@ def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
     opt.CreateSlots({f'v{i}': v for i, v in enumerate(variables)})
     slot_bytes = sum(_Bytes(s) for s in opt.SlotVariables().values()
                      if s.shape.rank)  # the step counter is a scalar
+  if ready is not None:
+    ready()
+  forward_s, out = partitioner.MedianSeconds(fprop, args, num_runs)
+  both_s, _ = partitioner.MedianSeconds(grad_fn, grad_inputs, num_runs)
   profile = LayerProfile(
       name=p.name, forward_s=forward_s,
       backward_s=max(both_s - forward_s, 0.0),
@@ -202,7 +217,7 @@ def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
       num_params=sum(int(v.shape.num_elements()) for v in variables),
       param_bytes=sum(_Bytes(v) for v in variables), slot_bytes=slot_bytes,
       backward_peak_bytes=backward_peak)
-  return profile, out
+  return profile, out, (grad_fn, grad_inputs)
 
 
 def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
@@ -235,7 +250,8 @@ def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
       q = p.Copy()
       if q.dtype is None:
         q.dtype = dtype
-      profile, out = _ProfileOne(q, args, optimizer_p, num_runs, allocator)
+      profile, out, _ = _ProfileOne(q, args, optimizer_p, num_runs,
+                                    allocator)
       profiles.append(profile)
       args = out if isinstance(out, tuple) else (out,)
   finally:
@@ -263,3 +279,135 @@ def ProfilePartitions(layers: Sequence[hyperparams.Params],
   parts = partitioner.Cells(partitioner.NamedCopies(layers), bounds,
                             prefix='partition')
   return ProfileLayers(parts, input_shapes, dtype, optimizer_p, num_runs)
+
+
+def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
+                              bounds: Sequence[int], input_shapes: Any,
+                              cores: Sequence[int],
+                              dtype: tf.DType = tf.float32,
+                              optimizer_p: Optional[hyperparams.Params] = None,
+                              num_runs: int = 5,
+                              timeout: float = 1800.0) -> List[LayerProfile]:
+  """ProfilePartitions' profiles, measured all at once as K worker
+  processes on this host run them: partition k in a child process pinned
+  to `cores[k]`, each measured while the others run theirs (and, once
+  done, run its gradient step in a loop until every partition is
+  measured).
+
+  Partitions that share a host's caches and memory slow each other:
+  AmoebaNet-D's K=2 tasks ran 12-20% over their profile taken alone, and
+  a profile beside a busy neighbour matched them (docs/DESIGN.md section
+  31). Each child measures partition k on the real outputs of partitions
+  0..k-1 (run once before the barrier), as ProfilePartitions does, and
+  keeps allocator statistics if this process's environment asks for them
+  (TF_CPU_ALLOCATOR_USE_BFC; children inherit it). Other arguments as
+  ProfilePartitions'; `timeout` bounds the whole measurement in seconds.
+  """
+  parts = partitioner.Cells(partitioner.NamedCopies(layers), bounds,
+                            prefix='partition')
+  cores = list(cores)
+  if len(cores) < len(parts):
+    raise ValueError(
+        f'{len(parts)} partitions need {len(parts)} cores, got '
+        f'cores={cores}: give one core per partition.')
+  cores = cores[:len(parts)]
+  if len(set(cores)) < len(cores):
+    raise ValueError(
+        f'cores={cores} repeats a core: partitions on one core take turns '
+        'and would time each other; give distinct cores.')
+  bad = [c for c in cores if not 0 <= c < (os.cpu_count() or 1)]
+  if bad:
+    raise ValueError(
+        f'cores={cores}: {bad} not on this machine, which has cores 0 to '
+        f'{(os.cpu_count() or 1) - 1}.')
+  ctx = multiprocessing.get_context('spawn')  # TF does not survive fork
+  barrier, stop, results = ctx.Barrier(len(parts)), ctx.Event(), ctx.Queue()
+  procs = [ctx.Process(
+      target=_TogetherChild, daemon=True,
+      args=(k, core, parts, input_shapes, dtype, optimizer_p, num_runs,
+            barrier, stop, results)) for k, core in enumerate(cores)]
+  got = {}
+  deadline = time.monotonic() + timeout
+  try:
+    for proc in procs:
+      proc.start()
+    while len(got) < len(parts):
+      try:
+        k, profile, error = results.get(timeout=1.0)
+      except queue.Empty:
+        lost = [k for k, proc in enumerate(procs)
+                if proc.exitcode is not None and k not in got]
+        if lost:
+          _RaiseChildError(results, lost[0], cores, procs)
+        if time.monotonic() > deadline:
+          raise TimeoutError(
+              f'profiling {len(parts)} partitions together took over '
+              f'{timeout:.0f} s; raise the timeout or profile fewer runs.'
+          ) from None
+        continue
+      if error:
+        raise RuntimeError(error)
+      got[k] = profile
+  finally:
+    stop.set()
+    for proc in procs:
+      proc.join(timeout=60)
+      if proc.is_alive():
+        proc.terminate()
+        proc.join()
+  return [got[k] for k in range(len(parts))]
+
+
+def _RaiseChildError(results: Any, k: int, cores: List[int],
+                     procs: List[Any]) -> None:
+  """Raises the first error a child reported, or why child k ended."""
+  try:
+    _, _, error = results.get(timeout=5.0)
+  except queue.Empty:
+    error = None
+  if error:
+    raise RuntimeError(error)
+  raise RuntimeError(
+      f'the process profiling partition {k} on core {cores[k]} ended '
+      f'(exit code {procs[k].exitcode}) before its profile: if it was '
+      'killed for memory, profile fewer micro-batches\' worth at once.')
+
+
+def _TogetherChild(k: int, core: int, parts: List[hyperparams.Params],
+                   input_shapes: Any, dtype: tf.DType,
+                   optimizer_p: Optional[hyperparams.Params], num_runs: int,
+                   barrier: Any, stop: Any, results: Any) -> None:
+  """ProfilePartitionsTogether's partition k, in its own process."""
+  try:
+    # Before TensorFlow makes its thread pools, which size to the cores.
+    os.sched_setaffinity(0, {core})
+    cluster.EnsureInterOpThreads()
+    tf.get_logger().setLevel('ERROR')
+    args = partitioner.RandomInputs(
+        partitioner.InputArgs(input_shapes),
+        partitioner.LayerDtype(parts[0], dtype))
+    qs = [p.Copy() for p in parts[:k + 1]]
+    for q in qs:
+      if q.dtype is None:
+        q.dtype = dtype
+    for q in qs[:k]:  # the real inputs of partition k
+      layer = q.Instantiate()
+      layer.SetTraining(True)
+      out = tf.function(lambda *a, lay=layer: lay.FProp(lay.theta, *a),
+                        autograph=False)(*args)
+      args = out if isinstance(out, tuple) else (out,)
+    # All partitions time at once, after every one's tracing and memory
+    # readings, so each is timed beside running neighbours.
+    profile, _, (step, inputs) = _ProfileOne(
+        qs[k], args, optimizer_p, num_runs, AllocatorDevice(),
+        ready=barrier.wait)
+  except threading.BrokenBarrierError:
+    return  # another partition failed first and said why
+  except Exception as err:  # pylint: disable=broad-except
+    results.put((k, None, f'profiling partition {k} on core {core} failed: '
+                 f'{type(err).__name__}: {err}'))
+    barrier.abort()
+    return
+  results.put((k, profile, None))
+  while not stop.is_set():  # stay a busy neighbour
+    step(*inputs)

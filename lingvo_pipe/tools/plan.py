@@ -3,6 +3,7 @@
   python -m lingvo_pipe.tools.plan --model=image.synthetic.AmoebaNetTinyGPipe
       [--num_partitions=K] [--num_micro_batches=M] [--memory_budget=2GiB]
       [--num_devices=N] [--recompute=always|except_last|never]
+      [--cores=0,1]
 
 Measures each layer of the model's pipeline once on this host's first
 device (layer_profile.py: forward and backward seconds at the micro-batch
@@ -27,7 +28,14 @@ size), the fastest step by the layers' sums that fits; of those within
 
 To plan for worker processes pinned to one core each, run the planner
 pinned the same way (`taskset -c 0 python -m lingvo_pipe.tools.plan ...`):
-the measured layers then get one core, as each partition will.
+the measured layers then get one core, as each partition will. Give it
+the workers' cores too (`--cores=0,1`): the chosen split's partitions are
+then measured all at once, partition k in a process pinned to the k-th
+core, so each is timed beside busy neighbours, as in the pipeline's
+steady state. Partitions sharing a host's caches and memory slow each
+other; on this machine that is 12-20% for AmoebaNet-D at K=2 (docs/
+DESIGN.md section 31). Without --cores they are measured one after
+another on this process's device (a GPU's partitions do not share one).
 """
 
 from __future__ import annotations
@@ -147,8 +155,10 @@ class PlanResult:
   idle: float
   budget: Optional[int] = None
   why: str = ''
-  # Set by Refine: one profile per partition, each measured whole.
+  # Set by Refine: one profile per partition, each measured whole, and
+  # the cores they were measured on at once (None: one after another).
   partition_profiles: Optional[List[Profile]] = None
+  cores: Optional[List[int]] = None
 
   @property
   def num_partitions(self) -> int:
@@ -182,6 +192,8 @@ class PlanResult:
         f'(K-1)/(M+K-1), {self.idle:.1%} idle by the predicted schedule')
     how = ('each partition measured whole' if self.partition_profiles
            else 'sums of the layers measured one by one')
+    if self.partition_profiles and self.cores:
+      how += f', all at once on cores {self.cores}'
     lines.append(f'  part  F/micro    B/micro    peak memory = resident + '
                  f'gradients + kept activations ({how})')
     for i, part in enumerate(self.partitions):
@@ -197,7 +209,8 @@ class PlanResult:
           f'  partitions {over} measured whole exceed the budget, which '
           'their layers\' sums fitted: raise --memory_budget or use more '
           'partitions or micro-batches.')
-    if any(p.backward_peak_bytes is None for p in self.profiles):
+    if any(p.backward_peak_bytes is None
+           for p in self.profiles + (self.partition_profiles or [])):
       lines.append(
           '  (activations from the traced gradient only: TensorFlow kept no '
           'allocator statistics here, so temporaries are not counted; '
@@ -237,20 +250,30 @@ def _Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
 
 
 def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
-           optimizer_p: Any = None, num_runs: int = 5) -> PlanResult:
+           optimizer_p: Any = None, num_runs: int = 5,
+           cores: Optional[Sequence[int]] = None) -> PlanResult:
   """`result` with its split's partitions measured whole (module
   docstring): `layers` are the pipeline's layer params, `input_shapes`
-  the first layer's inputs for one micro-batch."""
-  parts = layer_profile.ProfilePartitions(
-      layers, result.bounds, input_shapes, optimizer_p=optimizer_p,
-      num_runs=num_runs)
+  the first layer's inputs for one micro-batch. With `cores` (one per
+  partition), the partitions are measured all at once, each pinned to its
+  core (layer_profile.ProfilePartitionsTogether); else one after another
+  on the current device."""
+  if cores:
+    parts = layer_profile.ProfilePartitionsTogether(
+        layers, result.bounds, input_shapes, cores, optimizer_p=optimizer_p,
+        num_runs=num_runs)
+  else:
+    parts = layer_profile.ProfilePartitions(
+        layers, result.bounds, input_shapes, optimizer_p=optimizer_p,
+        num_runs=num_runs)
   m, k = result.num_micro_batches, len(parts)
   predicted = _Predicted(result.name, parts, result.batch_size,
                          list(range(k + 1)), m, result.recompute,
                          result.budget)
   return dataclasses.replace(
       result, partitions=predicted.partitions, step_s=predicted.step_s,
-      idle=predicted.idle, partition_profiles=parts)
+      idle=predicted.idle, partition_profiles=parts,
+      cores=list(cores)[:k] if cores else None)
 
 
 def _TooSmall(profiles: Sequence[Profile], k: int, m: int, recompute: str,
@@ -331,8 +354,10 @@ def ProfileAt(pipe: model_pipeline.ModelPipeline, m: int,
 def PlanModel(pipe: model_pipeline.ModelPipeline,
               num_partitions: int = 0, num_micro_batches: int = 0,
               budget: Optional[int] = None, num_devices: int = 0,
-              recompute: str = '', num_runs: int = 5) -> PlanResult:
-  """Measures and plans `pipe`; 0 for K or M suggests it."""
+              recompute: str = '', num_runs: int = 5,
+              cores: Optional[Sequence[int]] = None) -> PlanResult:
+  """Measures and plans `pipe`; 0 for K or M suggests it; `cores` as
+  Refine's."""
   recompute = recompute or pipe.recompute
   n = len(pipe.layers)
   if num_partitions > n:
@@ -346,7 +371,8 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
     result = Evaluate(pipe.name, profiles[ms[0]], pipe.batch_size,
                       num_partitions, ms[0], recompute, budget)
   else:
-    num_devices = num_devices or devices_lib.NumCores()
+    num_devices = num_devices or (len(cores) if cores else
+                                  devices_lib.NumCores())
     ks = [num_partitions] if num_partitions else list(
         range(1, min(num_devices, n) + 1))
     result = Suggest(pipe.name, profiles, pipe.batch_size, ks, recompute,
@@ -354,7 +380,7 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
   m = result.num_micro_batches
   with tf.device(devices_lib.DefaultDevices()[0]):
     return Refine(result, pipe.layers, pipe.InputShapes(pipe.batch_size // m),
-                  pipe.optimizer, num_runs)
+                  pipe.optimizer, num_runs, cores)
 
 
 def _Args(argv: Sequence[str]) -> argparse.Namespace:
@@ -376,6 +402,11 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
                       choices=['', 'always', 'except_last', 'never'],
                       help="Recompute mode; empty: the model's.")
   parser.add_argument('--num_timing_runs', type=int, default=5)
+  parser.add_argument('--cores', default='',
+                      help='For worker processes pinned to this host\'s '
+                      'cores, one per partition, e.g. 0,1: the split\'s '
+                      'partitions are then measured all at once, each '
+                      'pinned to its core. Empty: one after another here.')
   parser.add_argument('--model_params_override', default='',
                       help="Params text, lines of 'path : value'.")
   return parser.parse_args(argv)
@@ -389,10 +420,25 @@ def Main(argv: Sequence[str]) -> str:
       raise ValueError(f'--{flag}={getattr(args, flag)}; use 0 (suggest) '
                        'or more.')
   budget = ParseBytes(args.memory_budget)
+  cores = _Cores(args.cores)
+  if cores and args.num_partitions > len(cores):
+    raise ValueError(
+        f'--num_partitions={args.num_partitions} but --cores={args.cores} '
+        f'gives {len(cores)}: give one core per partition.')
   pipe = model_pipeline.FromRegistry(args.model, args.model_params_override)
   return str(PlanModel(pipe, args.num_partitions, args.num_micro_batches,
                        budget, args.num_devices, args.recompute,
-                       args.num_timing_runs))
+                       args.num_timing_runs, cores))
+
+
+def _Cores(text: str) -> Optional[List[int]]:
+  if not text:
+    return None
+  try:
+    return [int(c) for c in text.split(',')]
+  except ValueError:
+    raise ValueError(f'--cores={text}: give core numbers separated by '
+                     'commas, e.g. --cores=0,1.') from None
 
 
 def SetUpProcess() -> None:

@@ -4,8 +4,12 @@ residual_bytes is what a layer's gradient reads from its forward: a view
 of an input (a reshape, or a slice that takes all of it) costs nothing,
 a strided slice its own size. ProfilePartitions measures a split's
 partitions as SequentialLayers: their parameters and the bytes between
-them must be their layers'.
+them must be their layers'; ProfilePartitionsTogether measures them at
+once, one pinned process each, and must count what it counts.
 """
+
+import dataclasses
+import os
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -42,6 +46,12 @@ class _SliceScale(base_layer.BaseLayer):
     return NestedMap(flops=out.num_elements(), out_shapes=(out,))
 
 
+def _Projections(dims):
+  return [layers.ProjectionLayer.Params().Set(
+      name=f'proj{i}', input_dim=d_in, output_dim=d_out, activation='RELU')
+          for i, (d_in, d_out) in enumerate(zip(dims, dims[1:]))]
+
+
 class KeptBytesTest(parameterized.TestCase):
 
   @parameterized.parameters((1, 0), (2, 8 * 32 * 4), (4, 8 * 16 * 4))
@@ -55,10 +65,7 @@ class KeptBytesTest(parameterized.TestCase):
 class ProfilePartitionsTest(absltest.TestCase):
 
   def testPartitionsAreTheirLayers(self):
-    ps = [layers.ProjectionLayer.Params().Set(
-        name=f'proj{i}', input_dim=d_in, output_dim=d_out,
-        activation='RELU')
-          for i, (d_in, d_out) in enumerate([(8, 16), (16, 32), (32, 4)])]
+    ps = _Projections([8, 16, 32, 4])
     shape = tf.TensorShape([5, 8])
     one = layer_profile.ProfileLayers(ps, shape, num_runs=1)
     parts = layer_profile.ProfilePartitions(ps, [0, 1, 3], shape,
@@ -73,6 +80,57 @@ class ProfilePartitionsTest(absltest.TestCase):
     self.assertEqual(parts[0].output_bytes, one[0].output_bytes)
     self.assertEqual(parts[1].input_bytes, one[1].input_bytes)
     self.assertEqual(parts[1].output_bytes, 5 * 4 * 4)
+
+
+class ProfilePartitionsTogetherTest(absltest.TestCase):
+  """Each partition in its own process pinned to its core, all at once:
+  what is counted must be what ProfilePartitions counts."""
+
+  def setUp(self):
+    super().setUp()
+    self.cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(self.cores) < 2:
+      self.skipTest('needs two cores to pin two partitions to')
+
+  def testCountsAreThoseOfOneAfterAnother(self):
+    ps = _Projections([8, 16, 32, 4])
+    shape = tf.TensorShape([5, 8])
+    alone = layer_profile.ProfilePartitions(ps, [0, 1, 3], shape,
+                                            num_runs=1)
+    together = layer_profile.ProfilePartitionsTogether(
+        ps, [0, 1, 3], shape, self.cores, num_runs=1)
+    self.assertEqual([p.name for p in together],
+                     ['partition_0', 'partition_1'])
+    timed = ('forward_s', 'backward_s', 'backward_peak_bytes')
+    for one, two in zip(alone, together):
+      for field in dataclasses.fields(one):
+        if field.name not in timed:
+          self.assertEqual(getattr(two, field.name),
+                           getattr(one, field.name), field.name)
+      self.assertGreater(two.forward_s, 0)
+      self.assertGreater(two.forward_s + two.backward_s, 0)
+
+  def testAPartitionThatFailsSaysWhichAndWhere(self):
+    ps = _Projections([8, 16, 32, 4])
+    ps[2].input_dim = 7  # partition 1 gets 32 features
+    with self.assertRaisesRegex(
+        RuntimeError, rf'^profiling partition 1 on core {self.cores[1]} '
+        'failed: '):
+      layer_profile.ProfilePartitionsTogether(
+          ps, [0, 2, 3], tf.TensorShape([5, 8]), self.cores, num_runs=1,
+          timeout=300)
+
+  def testBadCores(self):
+    ps, shape = _Projections([8, 16, 4]), tf.TensorShape([5, 8])
+    for cores, error in (
+        ([0], r'^2 partitions need 2 cores, got cores=\[0\]: give one '
+         r'core per partition\.$'),
+        ([0, 0], r'^cores=\[0, 0\] repeats a core: .* give distinct '
+         r'cores\.$'),
+        ([0, 4096], r'^cores=\[0, 4096\]: \[4096\] not on this machine, '
+         'which has cores 0 to ')):
+      with self.assertRaisesRegex(ValueError, error):
+        layer_profile.ProfilePartitionsTogether(ps, [0, 1, 2], shape, cores)
 
 
 if __name__ == '__main__':

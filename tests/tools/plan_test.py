@@ -234,6 +234,17 @@ class ErrorsTest(absltest.TestCase):
         r'\S+ MiB or use K=2 partitions\.$'):
       plan.Evaluate('toy', profiles, 8, 1, 1, budget=need - 1)
 
+  def testBadCoresText(self):
+    with self.assertRaisesRegex(ValueError, r'^--cores=0;1: give core '
+                                r'numbers separated by commas, e\.g\. '
+                                r'--cores=0,1\.$'):
+      plan.Main(['--model=image.synthetic.ResNetTinyGPipe', '--cores=0;1'])
+    with self.assertRaisesRegex(ValueError, r'^--num_partitions=3 but '
+                                r'--cores=0,1 gives 2: give one core per '
+                                r'partition\.$'):
+      plan.Main(['--model=image.synthetic.ResNetTinyGPipe', '--cores=0,1',
+                 '--num_partitions=3'])
+
   def testBadBudgetText(self):
     with self.assertRaisesRegex(ValueError, r"^memory_budget='lots' is not "
                                 'a size; write e.g. 2GiB'):
@@ -305,6 +316,25 @@ class CommandLineTest(absltest.TestCase):
         env=env, capture_output=True, text=True, timeout=300)
     self.assertEqual(out.returncode, 0, out.stderr[-2000:])
     self.assertIn('Predicted step:', out.stdout)
+    self.assertNotIn('traced gradient only', out.stdout)
+
+  def testTheCommandMeasuresPartitionsTogether(self):
+    """--cores: each partition in its own pinned process, all at once;
+    the children inherit the allocator's statistics."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) < 2:
+      self.skipTest('needs two cores to pin two partitions to')
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+    env.pop('TF_CPU_ALLOCATOR_USE_BFC', None)
+    out = subprocess.run(
+        [sys.executable, '-m', 'lingvo_pipe.tools.plan',
+         '--model=image.synthetic.ResNetTinyGPipe', '--num_partitions=2',
+         '--num_micro_batches=4', '--num_timing_runs=1',
+         f'--cores={cores[0]},{cores[1]}'],
+        env=env, capture_output=True, text=True, timeout=300)
+    self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+    self.assertIn(f'each partition measured whole, all at once on cores '
+                  f'{cores}', out.stdout)
     self.assertNotIn('traced gradient only', out.stdout)
 
 
