@@ -8,7 +8,9 @@ For each model and (K, M), recompute 'always', batch 32:
 1. Predicted (a process pinned to core 0 with `taskset`, as each worker
    will be): lingvo_pipe.tools.plan measures every layer once per
    micro-batch size (layer_profile.py) and chooses the split from their
-   sums, then measures each partition of that split whole (plan.Refine)
+   sums, then measures each partition of that split whole, all at once,
+   partition k in a process pinned to core k as its worker will be
+   (plan.Refine with cores, layer_profile.ProfilePartitionsTogether),
    and predicts from those the step time (GPipe critical path) and each
    partition's step memory (gradients + kept activations: the peak above
    what stays resident between steps). The table gives the layer sums'
