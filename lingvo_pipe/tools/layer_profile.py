@@ -294,11 +294,11 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
   done, run its gradient step in a loop until every partition is
   measured).
 
-  Partitions that share a host's caches and memory slow each other:
-  AmoebaNet-D's K=2 tasks ran 12-20% over their profile taken alone, and
-  a profile beside a busy neighbour matched them (docs/DESIGN.md section
-  31). Each child measures partition k on the real outputs of partitions
-  0..k-1 (run once before the barrier), as ProfilePartitions does, and
+  Partitions that share a host's caches and memory slow each other: on
+  this machine AmoebaNet-D's first partition's backward took 19% longer
+  with the other core busy (docs/DESIGN.md section 31). Each child
+  measures partition k on the real outputs of partitions 0..k-1 (run once
+  before the barrier), as ProfilePartitions does, and
   keeps allocator statistics if this process's environment asks for them
   (TF_CPU_ALLOCATOR_USE_BFC; children inherit it). Other arguments as
   ProfilePartitions'; `timeout` bounds the whole measurement in seconds.

@@ -33,9 +33,10 @@ the workers' cores too (`--cores=0,1`): the chosen split's partitions are
 then measured all at once, partition k in a process pinned to the k-th
 core, so each is timed beside busy neighbours, as in the pipeline's
 steady state. Partitions sharing a host's caches and memory slow each
-other; on this machine that is 12-20% for AmoebaNet-D at K=2 (docs/
-DESIGN.md section 31). Without --cores they are measured one after
-another on this process's device (a GPU's partitions do not share one).
+other: on this machine AmoebaNet-D's first partition's backward took 19%
+longer with the other core busy (docs/DESIGN.md section 31). Without
+--cores they are measured one after another on this process's device (a
+GPU's partitions do not share one).
 """
 
 from __future__ import annotations
