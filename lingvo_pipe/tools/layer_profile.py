@@ -220,6 +220,14 @@ def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
   return profile, out, (grad_fn, grad_inputs)
 
 
+def _Typed(p: hyperparams.Params, dtype: tf.DType) -> hyperparams.Params:
+  """A copy of `p` with `dtype` where it has none."""
+  q = p.Copy()
+  if q.dtype is None:
+    q.dtype = dtype
+  return q
+
+
 def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
                   dtype: tf.DType = tf.float32,
                   optimizer_p: Optional[hyperparams.Params] = None,
@@ -247,11 +255,8 @@ def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
   logger.setLevel('ERROR')  # one tf.function per layer: TF warns retracing
   try:
     for p in layer_ps:
-      q = p.Copy()
-      if q.dtype is None:
-        q.dtype = dtype
-      profile, out, _ = _ProfileOne(q, args, optimizer_p, num_runs,
-                                    allocator)
+      profile, out, _ = _ProfileOne(_Typed(p, dtype), args, optimizer_p,
+                                    num_runs, allocator)
       profiles.append(profile)
       args = out if isinstance(out, tuple) else (out,)
   finally:
@@ -303,8 +308,8 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
   (TF_CPU_ALLOCATOR_USE_BFC; children inherit it). Other arguments as
   ProfilePartitions'; `timeout` bounds the whole measurement in seconds.
   """
-  parts = partitioner.Cells(partitioner.NamedCopies(layers), bounds,
-                            prefix='partition')
+  parts = [_Typed(p, dtype) for p in partitioner.Cells(
+      partitioner.NamedCopies(layers), bounds, prefix='partition')]
   cores = list(cores)
   if len(cores) < len(parts):
     raise ValueError(
@@ -386,11 +391,7 @@ def _TogetherChild(k: int, core: int, parts: List[hyperparams.Params],
     args = partitioner.RandomInputs(
         partitioner.InputArgs(input_shapes),
         partitioner.LayerDtype(parts[0], dtype))
-    qs = [p.Copy() for p in parts[:k + 1]]
-    for q in qs:
-      if q.dtype is None:
-        q.dtype = dtype
-    for q in qs[:k]:  # the real inputs of partition k
+    for q in parts[:k]:  # the real inputs of partition k
       layer = q.Instantiate()
       layer.SetTraining(True)
       out = tf.function(lambda *a, lay=layer: lay.FProp(lay.theta, *a),
@@ -399,7 +400,7 @@ def _TogetherChild(k: int, core: int, parts: List[hyperparams.Params],
     # All partitions time at once, after every one's tracing and memory
     # readings, so each is timed beside running neighbours.
     profile, _, (step, inputs) = _ProfileOne(
-        qs[k], args, optimizer_p, num_runs, AllocatorDevice(),
+        parts[k], args, optimizer_p, num_runs, AllocatorDevice(),
         ready=barrier.wait)
   except threading.BrokenBarrierError:
     return  # another partition failed first and said why
