@@ -118,7 +118,9 @@ class PerExampleMatmulTest(tf.test.TestCase, parameterized.TestCase):
         y = fn(x, w)
       return (y,) + tuple(tape.gradient(y, [x, w], output_gradients=dy))
 
-    ours = lambda x, w: Grads(attention.PerExampleMatmul, x, w)
+    def ours(x, w):
+      return Grads(attention.PerExampleMatmul, x, w)
+
     if unknown_dims:
       spec = [tf.TensorSpec([None, None, 4], tf.float64),
               tf.TensorSpec([None, None], tf.float64)]
