@@ -6,8 +6,17 @@ main parses flags there (here we mark them parsed, for create_tempdir).
 """
 
 import os
+import signal
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+# Tests send SIGINT to the processes they start, as a terminal's Ctrl-C
+# would. A shell without job control (`(cmd &)`, a script's `cmd &`) starts
+# background commands with SIGINT ignored, and an ignored signal stays
+# ignored in every child, so those children would never see it: restore
+# Python's default here.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from absl import flags  # noqa: E402
 
