@@ -34,13 +34,15 @@ if not flags.FLAGS.is_parsed():
 devices.SplitCpu(4)
 
 
-# Files whose tests start worker servers (several processes pinned to the
-# cores, with timeouts) or time how partitions overlap: tools/test.sh runs
-# them alone, after the rest has run two files at a time (pytest-xdist), so
-# that another test's load does not read as a slow or frozen worker.
+# Files whose tests start worker servers for a training step (several
+# processes pinned to the cores, with timeouts of seconds) or time how
+# partitions overlap: tools/test.sh runs them alone, after the rest has
+# run two files at a time (pytest-xdist), so that another test's load does
+# not read as a slow or frozen worker. local_workers_test's servers start
+# and stop without work and its waits are of a minute: it runs with the
+# rest.
 SERIAL_FILES = frozenset({
-    'cluster_test.py', 'local_workers_test.py', 'replicas_cluster_test.py',
-    'trainer_cluster_test.py'})
+    'cluster_test.py', 'replicas_cluster_test.py', 'trainer_cluster_test.py'})
 
 
 def pytest_configure(config):

@@ -11,12 +11,12 @@
 #                               and checks the BUILD files' deps), except
 #                               the tests tagged "integration" (trainer and
 #                               worker processes) or "slow" (whole models,
-#                               or over 30 s),
-#                               minutes in all: pytest ran them just now,
-#                               Bazel still builds them, and bazel_build_test
-#                               checks their deps (this keeps the suite
-#                               under 15 minutes on 2 cores); run them under
-#                               Bazel too with `bash tools/bazel_test.sh`.
+#                               or over 15 s under Bazel): pytest ran them
+#                               just now, Bazel still builds them, and
+#                               bazel_build_test checks their deps (this
+#                               keeps the suite under 15 minutes on 2
+#                               cores); run them under Bazel too with
+#                               `bash tools/bazel_test.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -43,8 +43,23 @@ def Tiny(key: str, data_dir: str) -> Any:
   return type(f'Tiny{cls.__name__}', (cls,), attrs)()
 
 
+def TinyParamsText(key: str) -> str:
+  """The text of a tiny version's task, train and dev params."""
+  tiny = Tiny(key, '/data')
+  return '\n'.join(p.ToText() for p in
+                   (tiny.Task().Set(name='task'), tiny.Train(), tiny.Dev()))
+
+
 class OneStepTestMixin:
   """testOneTrainStep(key) for a tf.test.TestCase."""
+
+  def CheckSameTinyVersion(self, key: str, tested: str) -> None:
+    """Asserts `key`'s tiny version is `tested`'s, param for param.
+
+    Registered classes that differ only in what TINY replaces (sizes, K,
+    M, cells) build the same tiny model; its one-step test covers both.
+    """
+    self.assertEqual(TinyParamsText(tested), TinyParamsText(key))
 
   def CheckOneTrainStep(self, key: str) -> None:
     tiny = Tiny(key, self.create_tempdir().full_path)
