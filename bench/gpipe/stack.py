@@ -16,7 +16,9 @@ of them start from the same weights (seed paths do not depend on K).
 One training step (`StepFunction`) is a `tf.function(autograph=False)`:
 forward, loss = mean(vec ** 2), and the gradient of every variable; it
 returns the loss and the gradients (no update, so every step does the same
-work on the same weights).
+work on the same weights). `TrainStepFunction` is the trainer's step
+instead: the same loss, then an SGD update of each variable on its own
+device, and only the loss comes back (`TrainStep`, for any model).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from lingvo_pipe.core import base_layer
 from lingvo_pipe.core import gpipe
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import layers
+from lingvo_pipe.core import optimizer
 from lingvo_pipe.core import transformer_layers
 from lingvo_pipe.core.nested_map import NestedMap
 
@@ -123,7 +126,8 @@ def _Forward(layer: base_layer.BaseLayer, setup: Setup,
   return tf.concat(outs, 0)
 
 
-StepFn = Callable[[NestedMap], Tuple[tf.Tensor, List[tf.Tensor]]]
+# (loss, gradients) for StepFunction, (loss,) for TrainStep: the loss first.
+StepFn = Callable[[NestedMap], Tuple[Any, ...]]
 _T = TypeVar('_T')
 
 
@@ -154,6 +158,46 @@ def StepFunction(layer: base_layer.BaseLayer, setup: Setup,
       return loss, tape.gradient(loss, variables)
 
   return tf.function(Step, autograph=False)
+
+
+LEARNING_RATE = 1e-3  # TrainStep's: small, a timed step hardly moves values
+
+
+def TrainStep(layer: base_layer.BaseLayer,
+              forward: Callable[[Any], tf.Tensor],
+              scope: Optional[str] = None) -> StepFn:
+  """tf.function: inputs -> (loss,), a step as the trainer runs it.
+
+  loss = mean(forward(inputs) ** 2) under `scope` (a device, or None for
+  the ops' own), every variable's gradient, and an SGD update of each
+  variable on its own device; the loss comes back after the updates.
+  Returning the gradients instead (StepFunction) makes each one a send
+  to the client on a worker after its last task: AmoebaNet-D K=1 M=1 on
+  a worker spent 79-133 ms a step outside its tasks that way, 19-28 ms
+  with this step (docs/DESIGN.md section 31). A trainer never does that.
+  """
+  variables = layer.vars.Flatten()
+  sgd = optimizer.SGD.Params().Set(name='sgd').Instantiate()
+  sgd.CreateSlots(variables)
+
+  def Step(inputs: Any) -> Tuple[tf.Tensor]:
+    with tf.device(scope):
+      with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(forward(inputs)))
+      grads = tape.gradient(loss, variables)
+    with tf.control_dependencies(sgd.Apply(LEARNING_RATE,
+                                           list(zip(grads, variables)))):
+      return (tf.identity(loss),)
+
+  return tf.function(Step, autograph=False)
+
+
+def TrainStepFunction(layer: base_layer.BaseLayer, setup: Setup,
+                      device: str) -> StepFn:
+  """StepFunction's forward and loss, stepped as TrainStep does."""
+  scope = None if setup.kind == 'pipe' else device
+  return TrainStep(layer, lambda inputs: _Forward(layer, setup, inputs),
+                   scope)
 
 
 @dataclasses.dataclass

@@ -83,7 +83,6 @@ import cores  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 
 BATCH = 32
-LEARNING_RATE = 1e-3  # small: a timed step's values hardly move
 
 
 def _Model(name: str) -> Any:
@@ -155,33 +154,16 @@ def _Predict(args: argparse.Namespace) -> None:
 
 
 def _StepFn(layer: Any) -> Any:
-  """A training step as the trainer's: forward, loss, every gradient, and
-  an SGD update of each variable on its own device; returns (loss,), the
-  loss first as bench/gpipe's stack.Prepare reads it.
+  """A training step as the trainer's (bench/gpipe's stack.TrainStep): the
+  loss of the output (its vec when it is a NestedMap), every gradient, an
+  SGD update of each variable on its own device; returns (loss,)."""
+  import stack as stack_lib  # pylint: disable=g-import-not-at-top
 
-  Returning the gradients to the client instead (as bench/gpipe's step
-  does), AmoebaNet-D K=1 M=1 on a worker spent 79-133 ms a step outside
-  its tasks, against 19-28 ms with this step: its ~300 gradients are
-  each a send on the worker after the last task, then received by the
-  client (docs/DESIGN.md section 31). A trainer never does that.
-  """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from lingvo_pipe.core import optimizer  # pylint: disable=g-import-not-at-top
-  variables = layer.vars.Flatten()
-  sgd = optimizer.SGD.Params().Set(name='sgd').Instantiate()
-  sgd.CreateSlots(variables)
+  def Forward(inputs):
+    out = layer.FPropDefaultTheta(inputs)
+    return out.vec if isinstance(out, dict) else out
 
-  def Step(inputs):
-    with tf.GradientTape() as tape:
-      out = layer.FPropDefaultTheta(inputs)
-      out = out.vec if isinstance(out, dict) else out
-      loss = tf.reduce_mean(tf.square(out))
-    grads = tape.gradient(loss, variables)
-    with tf.control_dependencies(sgd.Apply(LEARNING_RATE,
-                                           list(zip(grads, variables)))):
-      return (tf.identity(loss),)
-
-  return tf.function(Step, autograph=False)
+  return stack_lib.TrainStep(layer, Forward)
 
 
 def _Build(model: str, bounds: List[int], m: int, devices: List[str]) -> Any:

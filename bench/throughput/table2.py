@@ -8,8 +8,9 @@
 layers, d=256, batch 32); --model=amoebanet: AmoebaNet-D (6, --filters)
 of lingvo_pipe.tasks.image.amoebanet (the published cells, CIFAR stem),
 on 32x32 images, batch 32, partitioned by flops. GPipe's re-computation
-('always'); a step is the forward, the loss (mean square of the output)
-and every variable's gradient (no update). Per (K, M):
+('always'); a step is the trainer's (bench/gpipe's stack.TrainStep): the
+forward, the loss (mean square of the output), every variable's gradient
+and an SGD update of each variable on its own device. Per (K, M):
 
   throughput   batch / median step time, over `rounds` rounds in which
                every configuration of the part runs one step, starting one
@@ -79,7 +80,7 @@ def _Client(args: argparse.Namespace) -> None:
       setup = stack_lib.Setup('pipe', k, m, 'always')
       if args.model == 'transformer':
         layer = stack_lib.BuildModel(stack, setup, devices)
-        fn = stack_lib.StepFunction(layer, setup, devices[0])
+        fn = stack_lib.TrainStepFunction(layer, setup, devices[0])
       else:
         fn = _AmoebaStep(k, m, devices, args.filters)
       steps[_Label(k, m)] = stack_lib.Prepare(fn, inputs, args.warmup).fn
@@ -114,24 +115,17 @@ def _AmoebaInputs():
 
 
 def _AmoebaStep(k: int, m: int, devices: List[str], filters: int):
-  """tf.function: images -> (loss, every gradient); partitions by flops."""
+  """tf.function: images -> (loss,), stack.TrainStep's; split by flops."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tasks.image import amoebanet  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tasks.image import model  # pylint: disable=g-import-not-at-top
+  import stack as stack_lib  # pylint: disable=g-import-not-at-top
   p = model.GPipeNetworkParams(
       amoebanet.AmoebaNetD(filters=filters, **_AMOEBA), k, m,
       tf.TensorShape([_AMOEBA_BATCH // m, 32, 32, 3]))
   layer = p.Set(name='amoebanet', devices=devices[:k]).Instantiate()
   layer.SetTraining(True)
-  variables = layer.vars.Flatten()
-
-  def Step(images):
-    with tf.GradientTape() as tape:
-      logits = layer.FPropDefaultTheta(images)
-      loss = tf.reduce_mean(tf.square(logits))
-    return loss, tape.gradient(loss, variables)
-
-  return tf.function(Step, autograph=False)
+  return stack_lib.TrainStep(layer, layer.FPropDefaultTheta)
 
 
 # ---- the driver ------------------------------------------------------------
