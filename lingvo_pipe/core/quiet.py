@@ -10,6 +10,10 @@ TF_CPP_MIN_LOG_LEVEL does not apply. On a machine without a GPU (TF 2.21):
   To enable the following instructions: AVX2 FMA, in other operations, ...
   E0000 ... cuda_platform.cc:52] failed call to cuInit: ...
 
+and on a CPU with AVX-512 (seen on an AMD EPYC machine, 2026-11-26):
+
+  I0000 ... port.cc:153] oneDNN custom operations are on. You may see ...
+
 `ImportTensorFlow()` imports TensorFlow and lists its devices with file
 descriptor 2 sent to a temporary file, then writes back every line it
 caught except those: anything else (a real warning, a traceback) still
@@ -32,6 +36,7 @@ _LEVEL_ENV = 'TF_CPP_MIN_LOG_LEVEL'
 _NOISE = re.compile(
     r'(WARNING: All log messages before absl::InitializeLog\(\) is called'
     r'|[IWE]\d{4} [\d:. ]+\d+ (cudart_stub|cpu_feature_guard)\.cc:\d+\] '
+    r'|[IWE]\d{4} [\d:. ]+\d+ port\.cc:\d+\] oneDNN custom operations are on'
     r'|E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed call to cuInit'
     r'|To enable the following instructions: .*rebuild TensorFlow)')
 

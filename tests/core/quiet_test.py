@@ -22,6 +22,12 @@ lines = [
     'I0000 00:00:1795453114.774530    6214 cudart_stub.cc:31] Could not find '
     'cuda drivers on your machine, GPU will not be used.\n',
     'real line 1\n',
+    'I0000 00:00:1795731735.031024    1940 port.cc:153] oneDNN custom '
+    'operations are on. You may see slightly different numerical results '
+    'due to floating-point round-off errors from different computation '
+    'orders. To turn them off, set the environment variable '
+    '`TF_ENABLE_ONEDNN_OPTS=0`.\n',
+    'I0000 00:00:1795731735.031024    1940 port.cc:153] another port line\n',
     'I0000 00:00:1795453114.886240    6214 cpu_feature_guard.cc:227] This '
     'TensorFlow binary is optimized\n',
     'To enable the following instructions: AVX2 FMA, in other operations, '
@@ -53,6 +59,8 @@ class QuietTest(absltest.TestCase):
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertEqual(result.stderr.splitlines(), [
         'real line 1',
+        'I0000 00:00:1795731735.031024    1940 port.cc:153] another port '
+        'line',
         'W0000 00:00:1795453119.040879    6214 other.cc:1] a real warning',
         'E0000 00:00:1795453119.040879    6214 cuda_platform.cc:60] another '
         'cuda_platform error',
