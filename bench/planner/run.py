@@ -11,7 +11,9 @@ For each model and (K, M), recompute 'always', batch 32:
    sums, then measures each partition of that split whole, all at once,
    partition k in a process pinned to core k as its worker will be
    (plan.Refine with cores, layer_profile.ProfilePartitionsTogether),
-   and predicts from those the step time (GPipe critical path) and each
+   and predicts from those the step time (GPipe critical path, each
+   boundary's hand-off a delay measured once per round between two
+   worker servers on cores 0 and 1: plan.MeasureTransfer) and each
    partition's step memory (gradients + kept activations: the peak above
    what stays resident between steps). The table gives the layer sums'
    prediction too, in brackets.
@@ -126,10 +128,16 @@ def _Predict(args: argparse.Namespace) -> None:
   layer_ps, shapes = _Model(args.model)
   # Rounds after the first re-measure the first round's splits whole.
   fixed = json.loads(args.predicted) if args.predicted else None
+  # One hand-off cost for every split: measured once, between two worker
+  # servers on cores 0 and 1, as the timed workers run.
+  transfer = plan.MeasureTransfer(max(args.ks), list(range(max(args.ks))))
   out = {}
   for m in args.ms:
+    # The inputs are a constant batch: the pipeline makes no gradient of
+    # them, and the profile should not either.
     profiles = None if fixed else layer_profile.ProfileLayers(
-        layer_ps, shapes(BATCH // m), num_runs=args.timing_runs)
+        layer_ps, shapes(BATCH // m), num_runs=args.timing_runs,
+        input_gradient=False)
     for k in args.ks:
       if fixed:
         summed = plan.PlanResult(
@@ -139,12 +147,14 @@ def _Predict(args: argparse.Namespace) -> None:
       else:
         summed = plan.Evaluate(args.model, profiles, BATCH, k, m)
       res = plan.Refine(summed, layer_ps, shapes(BATCH // m),
-                        num_runs=args.timing_runs, cores=list(range(k)))
+                        num_runs=args.timing_runs, cores=list(range(k)),
+                        transfer=transfer, input_gradient=False)
       out[f'{k},{m}'] = {
           'bounds': res.bounds, 'step_s': res.step_s,
           'step_bytes': [p.step_bytes for p in res.partitions],
           'peak_bytes': [p.peak_bytes for p in res.partitions],
           'fb': [(p.forward_s, p.backward_s) for p in res.partitions],
+          'hop_s': res.hop_s, 'transfer': str(transfer),
           'summed_step_s': summed.step_s,
           'summed_step_bytes': [p.step_bytes for p in summed.partitions]}
   print(json.dumps(out), flush=True)
@@ -196,7 +206,10 @@ def _Replay(trace: Any, m: int) -> Dict[str, Any]:
   """One traced step: the measured span of its tasks; each partition's
   mean measured F and B (B with its re-computation); and the step model's
   schedule (step_model.StepSeconds) run with those, which misses only
-  what the schedule misses beyond the tasks' own times."""
+  what the schedule misses beyond the tasks' own times. No hand-offs:
+  a received input arrives inside the stamped task that reads it
+  (AmoebaNet-D K=2 M=1: F1 ran 5-7 ms over its profile, the receive
+  9.5 ms; docs/DESIGN.md section 33)."""
   from lingvo_pipe.tools import step_model  # pylint: disable=g-import-not-at-top
   layer, = trace.Layers()
   k = trace.Shape(layer)[0]
@@ -327,8 +340,9 @@ def _TimeCells(m: int, rounds: List[Dict[str, Any]],
   from lingvo_pipe.tools import step_model  # pylint: disable=g-import-not-at-top
   least = lambda rows: [min(col) for col in zip(*rows)]  # noqa: E731
   prof_fb = [least(parts) for parts in zip(*[r['fb'] for r in rounds])]
+  hops = [min(h) for h in zip(*[r['hop_s'] for r in rounds])]
   pred = step_model.StepSeconds([f for f, _ in prof_fb],
-                                [b for _, b in prof_fb], m)
+                                [b for _, b in prof_fb], m, hop_s=hops)
   meas = min(_Median(r['times']) for r in rounds)
   paired = [(r['step_s'] - _Median(r['times'])) / _Median(r['times'])
             for r in rounds]
@@ -470,6 +484,8 @@ def main() -> None:
       meas[label] = {
           'rounds': [{'step_s': rnd['predicted'][label]['step_s'],
                       'fb': rnd['predicted'][label]['fb'],
+                      # Runs before the hand-off term had none.
+                      'hop_s': rnd['predicted'][label].get('hop_s', []),
                       'times': rnd['measured'][label]['times'],
                       'replays': rnd['measured'][label]['replays']}
                      for rnd in rounds],
@@ -479,6 +495,11 @@ def main() -> None:
     results[model] = {'predicted': pred, 'measured': meas,
                       'core_seconds': speeds}
     print('\n' + _Table(model, pred, meas), flush=True)
+    transfers = sorted({p['transfer'] for p in pred.values()
+                        if p.get('hop_s')})
+    if transfers:
+      print('\nhand-off (first round; tools/transfer_profile.py): '
+            + '; '.join(transfers), flush=True)
     print('\ncores (numpy matmul alone, s; core 0, core 1): before the '
           'profile ' + ', '.join(f'{t:.3f}' for t in speeds[0]) +
           '; after the timing ' + ', '.join(f'{t:.3f}' for t in speeds[1]),

@@ -96,10 +96,13 @@ def _Bytes(tensors: Any) -> int:
              for t in tf.nest.flatten(tensors))
 
 
-def _GradientFn(layer: Any, args: Tuple[Any, ...], out: Any) -> Any:
+def _GradientFn(layer: Any, args: Tuple[Any, ...], out: Any,
+                input_gradient: bool = True) -> Any:
   """(tf.function, its inputs): the forward again, then d(outputs) /
   d(inputs, variables) for given output gradients, as a partition's
-  backward task does."""
+  backward task does; without `input_gradient`, d(outputs) / d(variables)
+  only, as the pipeline's first partition does when its inputs come from
+  no variable (images: pipeline_run leaves their gradient out)."""
   x_leaves = tf.nest.flatten(args)
   dy = [tf.ones_like(t) if residuals.IsFloat(t) else None
         for t in tf.nest.flatten(out)]
@@ -111,13 +114,14 @@ def _GradientFn(layer: Any, args: Tuple[Any, ...], out: Any) -> Any:
     theta_leaves = theta.Flatten()
     tape = tf.GradientTape(watch_accessed_variables=False)
     with tape:
-      tape.watch([t for t in x + theta_leaves if residuals.IsFloat(t)])
+      sources = x if input_gradient else []
+      tape.watch([t for t in sources + theta_leaves if residuals.IsFloat(t)])
       y = tf.nest.flatten(layer.FProp(
           theta.Pack(theta_leaves), *tf.nest.pack_sequence_as(args, x)))
     full_dy = [None] * len(y)
     for i, d in zip(dy_at, dy_given):
       full_dy[i] = d
-    return residuals.Gradients(tape, y, full_dy, x, theta_leaves)
+    return residuals.Gradients(tape, y, full_dy, sources, theta_leaves)
 
   return (tf.function(Step, autograph=False),
           tuple(x_leaves) + tuple(dy[i] for i in dy_at))
@@ -125,7 +129,10 @@ def _GradientFn(layer: Any, args: Tuple[Any, ...], out: Any) -> Any:
 
 def AllocatorDevice() -> Optional[str]:
   """The profiled device ('GPU:0' or 'CPU:0') if TF's allocator keeps
-  statistics for it, else None (a CPU without TF_CPU_ALLOCATOR_USE_BFC)."""
+  statistics for it, else None: a CPU with TF's default allocator and no
+  TF_CPU_ALLOCATOR_USE_BFC=true. Where TensorFlow turns oneDNN on (its
+  default on CPUs with AVX-512, seen on an AMD EPYC) the CPU allocator is
+  oneDNN's, which keeps them; with TF_ENABLE_ONEDNN_OPTS=0 it kept none."""
   name = 'GPU:0' if tf.config.list_logical_devices('GPU') else 'CPU:0'
   try:
     tf.config.experimental.get_memory_info(name)
@@ -184,17 +191,18 @@ def _KeptBytes(layer: Any, args: Tuple[Any, ...]) -> Tuple[int, int]:
 def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
                 optimizer_p: Optional[hyperparams.Params], num_runs: int,
                 allocator: Optional[str],
-                ready: Optional[Callable[[], Any]] = None
+                ready: Optional[Callable[[], Any]] = None,
+                input_gradient: bool = True
                 ) -> Tuple[LayerProfile, Any, Tuple[Any, Any]]:
   """(the layer's profile, its outputs, (its gradient step, the step's
   inputs)). Everything but the timing comes first; `ready`, if given, is
-  called just before the timing starts."""
+  called just before the timing starts; `input_gradient` as _GradientFn's."""
   layer = p.Instantiate()
   layer.SetTraining(True)
   fprop = tf.function(lambda *a: layer.FProp(layer.theta, *a),
                       autograph=False)
   out = fprop(*args)
-  grad_fn, grad_inputs = _GradientFn(layer, args, out)
+  grad_fn, grad_inputs = _GradientFn(layer, args, out, input_gradient)
   grad_fn(*grad_inputs)  # traced before the allocator's peak is read
   backward_peak = PeakBytes(grad_fn, grad_inputs, allocator)
   residual_bytes, read_bytes = _KeptBytes(layer, args)
@@ -231,7 +239,8 @@ def _Typed(p: hyperparams.Params, dtype: tf.DType) -> hyperparams.Params:
 def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
                   dtype: tf.DType = tf.float32,
                   optimizer_p: Optional[hyperparams.Params] = None,
-                  num_runs: int = 5) -> List[LayerProfile]:
+                  num_runs: int = 5,
+                  input_gradient: bool = True) -> List[LayerProfile]:
   """One LayerProfile per layer, in order (module docstring).
 
   Args:
@@ -243,6 +252,11 @@ def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
     optimizer_p: the training optimizer's params, to count its slots; None
       counts none.
     num_runs: timed runs per measurement, after one warm-up.
+    input_gradient: whether the first layer's backward also makes the
+      gradient of its inputs. The pipeline leaves it out when its inputs
+      come from no variable (images, a batch): then pass False, or the
+      first layer's backward is measured with work the step does not do
+      (model_pipeline.ModelPipeline.input_gradient says for a model).
   """
   layer_ps = partitioner.NamedCopies(layers)
   args = partitioner.RandomInputs(
@@ -254,9 +268,10 @@ def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
   level = logger.level
   logger.setLevel('ERROR')  # one tf.function per layer: TF warns retracing
   try:
-    for p in layer_ps:
+    for i, p in enumerate(layer_ps):
       profile, out, _ = _ProfileOne(_Typed(p, dtype), args, optimizer_p,
-                                    num_runs, allocator)
+                                    num_runs, allocator,
+                                    input_gradient=input_gradient or i > 0)
       profiles.append(profile)
       args = out if isinstance(out, tuple) else (out,)
   finally:
@@ -268,7 +283,8 @@ def ProfilePartitions(layers: Sequence[hyperparams.Params],
                       bounds: Sequence[int], input_shapes: Any,
                       dtype: tf.DType = tf.float32,
                       optimizer_p: Optional[hyperparams.Params] = None,
-                      num_runs: int = 5) -> List[LayerProfile]:
+                      num_runs: int = 5,
+                      input_gradient: bool = True) -> List[LayerProfile]:
   """One LayerProfile per partition of the split `bounds`: its layers as
   one SequentialLayer (named `partition_{k}`), as the pipeline runs them.
 
@@ -283,7 +299,8 @@ def ProfilePartitions(layers: Sequence[hyperparams.Params],
   # layers inherit it from there.
   parts = partitioner.Cells(partitioner.NamedCopies(layers), bounds,
                             prefix='partition')
-  return ProfileLayers(parts, input_shapes, dtype, optimizer_p, num_runs)
+  return ProfileLayers(parts, input_shapes, dtype, optimizer_p, num_runs,
+                       input_gradient)
 
 
 def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
@@ -292,7 +309,9 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
                               dtype: tf.DType = tf.float32,
                               optimizer_p: Optional[hyperparams.Params] = None,
                               num_runs: int = 5,
-                              timeout: float = 1800.0) -> List[LayerProfile]:
+                              timeout: float = 1800.0,
+                              input_gradient: bool = True
+                              ) -> List[LayerProfile]:
   """ProfilePartitions' profiles, measured all at once as K worker
   processes on this host run them: partition k in a child process pinned
   to `cores[k]`, each measured while the others run theirs (and, once
@@ -330,7 +349,8 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
   procs = [ctx.Process(
       target=_TogetherChild, daemon=True,
       args=(k, core, parts, input_shapes, dtype, optimizer_p, num_runs,
-            barrier, stop, results)) for k, core in enumerate(cores)]
+            barrier, stop, results, input_gradient or k > 0))
+           for k, core in enumerate(cores)]
   got = {}
   deadline = time.monotonic() + timeout
   try:
@@ -381,7 +401,8 @@ def _RaiseChildError(results: Any, k: int, cores: List[int],
 def _TogetherChild(k: int, core: int, parts: List[hyperparams.Params],
                    input_shapes: Any, dtype: tf.DType,
                    optimizer_p: Optional[hyperparams.Params], num_runs: int,
-                   barrier: Any, stop: Any, results: Any) -> None:
+                   barrier: Any, stop: Any, results: Any,
+                   input_gradient: bool) -> None:
   """ProfilePartitionsTogether's partition k, in its own process."""
   try:
     # Before TensorFlow makes its thread pools, which size to the cores.
@@ -401,7 +422,7 @@ def _TogetherChild(k: int, core: int, parts: List[hyperparams.Params],
     # readings, so each is timed beside running neighbours.
     profile, _, (step, inputs) = _ProfileOne(
         parts[k], args, optimizer_p, num_runs, AllocatorDevice(),
-        ready=barrier.wait)
+        ready=barrier.wait, input_gradient=input_gradient)
   except threading.BrokenBarrierError:
     return  # another partition failed first and said why
   except Exception as err:  # pylint: disable=broad-except

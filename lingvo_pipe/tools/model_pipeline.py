@@ -38,6 +38,11 @@ class ModelPipeline:
   micro_batch_shapes: Any  # input shapes for batch / num_micro_batches
   batch_dim: int = 0
   optimizer: Optional[hyperparams.Params] = None
+  # Whether the step differentiates the pipeline's input: the first
+  # partition leaves that gradient out for inputs made from no variable
+  # (pipeline_run). The model's params class says so with
+  # PIPELINE_INPUT_GRADIENT; True where it does not.
+  input_gradient: bool = True
 
   def InputShapes(self, micro_batch_size: int) -> Any:
     """The first layer's input shapes for a micro-batch of that size."""
@@ -96,8 +101,8 @@ def FromRegistry(name: str, override_text: str = '') -> ModelPipeline:
         f'({", ".join(path for path, _ in pipelines)}); the planner plans '
         'one: keep one pipeline per model.')
   pipe_p = pipelines[0][1]
-  shapes_fn = getattr(model_registry.GetClass(name)(),
-                      'MicroBatchInputShapes', None)
+  model = model_registry.GetClass(name)()
+  shapes_fn = getattr(model, 'MicroBatchInputShapes', None)
   if shapes_fn is None:
     raise ValueError(
         f"Model '{name}' does not give its pipeline's input shapes; define "
@@ -116,4 +121,5 @@ def FromRegistry(name: str, override_text: str = '') -> ModelPipeline:
       num_micro_batches=batch // micro if micro else
       pipe_p.num_micro_batches,
       recompute=pipe_p.recompute, micro_batch_shapes=shapes_fn(),
-      batch_dim=pipe_p.batch_dim, optimizer=p.task.train.optimizer)
+      batch_dim=pipe_p.batch_dim, optimizer=p.task.train.optimizer,
+      input_gradient=bool(getattr(model, 'PIPELINE_INPUT_GRADIENT', True)))

@@ -21,6 +21,13 @@ layers over-count a partition's memory, because TensorFlow's executor
 overlaps one layer's backward with the next and frees residuals early
 (docs/DESIGN.md section 31).
 
+Each boundary's tensor is handed on once per micro-batch each way (the
+activation forward, its gradient back). What that costs is measured once
+between two of the target's devices (transfer_profile.py: worker servers
+pinned to the first two --cores, else this process's first two devices)
+and enters the schedule as a delay on each dependency across a boundary
+(step_model's hop_s); the report prints each boundary's hop.
+
 Without K or M it suggests them: every K from 1 to the number of devices
 and every M dividing the batch (measured again for each micro-batch
 size), the fastest step by the layers' sums that fits; of those within
@@ -60,6 +67,7 @@ from lingvo_pipe.core import schedule  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 from lingvo_pipe.tools import model_pipeline  # noqa: E402
 from lingvo_pipe.tools import step_model  # noqa: E402
+from lingvo_pipe.tools import transfer_profile  # noqa: E402
 
 Profile = layer_profile.LayerProfile
 _NEAR_BEST = 1.02  # suggestions within 2% of the fastest count as ties
@@ -160,6 +168,10 @@ class PlanResult:
   # the cores they were measured on at once (None: one after another).
   partition_profiles: Optional[List[Profile]] = None
   cores: Optional[List[int]] = None
+  # What a boundary tensor costs to hand on (transfer_profile), and so
+  # each boundary's hop per micro-batch (step_model's hop_s).
+  transfer: transfer_profile.TransferCost = transfer_profile.TransferCost()
+  hop_s: List[float] = dataclasses.field(default_factory=list)
 
   @property
   def num_partitions(self) -> int:
@@ -195,6 +207,10 @@ class PlanResult:
            else 'sums of the layers measured one by one')
     if self.partition_profiles and self.cores:
       how += f', all at once on cores {self.cores}'
+    if self.hop_s:
+      lines.append('  Hand-offs per micro-batch, each way: ' + ', '.join(
+          f'{i}->{i + 1} {h * 1e3:.2f} ms' for i, h in enumerate(self.hop_s))
+          + f'; transfer {self.transfer}')
     lines.append(f'  part  F/micro    B/micro    peak memory = resident + '
                  f'gradients + kept activations ({how})')
     for i, part in enumerate(self.partitions):
@@ -222,7 +238,9 @@ class PlanResult:
 
 def Evaluate(name: str, profiles: Sequence[Profile], batch_size: int,
              num_partitions: int, m: int, recompute: str = 'always',
-             budget: Optional[int] = None) -> PlanResult:
+             budget: Optional[int] = None,
+             transfer: Optional[transfer_profile.TransferCost] = None
+             ) -> PlanResult:
   """The best split of K partitions for M micro-batches, predicted."""
   n = len(profiles)
   if not 1 <= num_partitions <= n:
@@ -234,47 +252,81 @@ def Evaluate(name: str, profiles: Sequence[Profile], batch_size: int,
   except partitioner.NoFeasibleSplit:
     raise ValueError(_TooSmall(profiles, num_partitions, m, recompute,
                                budget)) from None
-  return _Predicted(name, profiles, batch_size, bounds, m, recompute, budget)
+  return _Predicted(name, profiles, batch_size, bounds, m, recompute, budget,
+                    transfer)
 
 
 def _Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
                bounds: List[int], m: int, recompute: str,
-               budget: Optional[int]) -> PlanResult:
+               budget: Optional[int],
+               transfer: Optional[transfer_profile.TransferCost] = None
+               ) -> PlanResult:
+  """The prediction for a split; each boundary's hop is `transfer` of the
+  last layer's output before it (one micro-batch)."""
   parts = step_model.Predict(profiles, bounds, m, recompute)
   fwd = [p.forward_s for p in parts]
   bwd = [p.backward_s for p in parts]
+  transfer = transfer or transfer_profile.TransferCost()
+  hops = [transfer.Seconds(profiles[b - 1].output_bytes)
+          for b in bounds[1:-1]]
   return PlanResult(
       name=name, batch_size=batch_size, num_micro_batches=m,
       recompute=recompute, bounds=bounds, profiles=list(profiles),
-      partitions=parts, step_s=step_model.StepSeconds(fwd, bwd, m),
-      idle=step_model.IdleFraction(fwd, bwd, m), budget=budget)
+      partitions=parts, step_s=step_model.StepSeconds(fwd, bwd, m, 0.0, hops),
+      idle=step_model.IdleFraction(fwd, bwd, m, 0.0, hops), budget=budget,
+      transfer=transfer, hop_s=hops)
+
+
+def MeasureTransfer(num_partitions: int,
+                    cores: Optional[Sequence[int]] = None
+                    ) -> transfer_profile.TransferCost:
+  """What a boundary tensor costs between the target's devices: worker
+  servers pinned to the first two `cores`, else this process's first two
+  devices; nothing to measure with one partition or one device."""
+  if num_partitions < 2:
+    return transfer_profile.TransferCost(between='one partition')
+  if cores:
+    return transfer_profile.MeasureBetweenCores(cores)
+  devs = devices_lib.DefaultDevices()
+  if len(devs) < 2:
+    return transfer_profile.TransferCost(
+        between='not measured: one device here')
+  return transfer_profile.Measure(devs[0], devs[1])
 
 
 def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
            optimizer_p: Any = None, num_runs: int = 5,
-           cores: Optional[Sequence[int]] = None) -> PlanResult:
+           cores: Optional[Sequence[int]] = None,
+           transfer: Optional[transfer_profile.TransferCost] = None,
+           input_gradient: bool = True) -> PlanResult:
   """`result` with its split's partitions measured whole (module
   docstring): `layers` are the pipeline's layer params, `input_shapes`
   the first layer's inputs for one micro-batch. With `cores` (one per
   partition), the partitions are measured all at once, each pinned to its
   core (layer_profile.ProfilePartitionsTogether); else one after another
-  on the current device."""
+  on the current device. The hand-offs between partitions cost
+  `transfer`, measured (MeasureTransfer) if not given. `input_gradient`:
+  whether the step differentiates the pipeline's input
+  (layer_profile.ProfileLayers')."""
   if cores:
     parts = layer_profile.ProfilePartitionsTogether(
         layers, result.bounds, input_shapes, cores, optimizer_p=optimizer_p,
-        num_runs=num_runs)
+        num_runs=num_runs, input_gradient=input_gradient)
   else:
     parts = layer_profile.ProfilePartitions(
         layers, result.bounds, input_shapes, optimizer_p=optimizer_p,
-        num_runs=num_runs)
+        num_runs=num_runs, input_gradient=input_gradient)
   m, k = result.num_micro_batches, len(parts)
+  if transfer is None:
+    transfer = MeasureTransfer(k, cores)
   predicted = _Predicted(result.name, parts, result.batch_size,
                          list(range(k + 1)), m, result.recompute,
-                         result.budget)
+                         result.budget, transfer)
   return dataclasses.replace(
       result, partitions=predicted.partitions, step_s=predicted.step_s,
       idle=predicted.idle, partition_profiles=parts,
-      cores=list(cores)[:k] if cores else None)
+      cores=list(cores)[:k] if cores else None, transfer=transfer,
+      hop_s=predicted.hop_s)
 
 
 def _TooSmall(profiles: Sequence[Profile], k: int, m: int, recompute: str,
@@ -299,7 +351,9 @@ def Divisors(n: int) -> List[int]:
 
 def Suggest(name: str, profiles_by_m: Dict[int, List[Profile]],
             batch_size: int, ks: Sequence[int], recompute: str = 'always',
-            budget: Optional[int] = None) -> PlanResult:
+            budget: Optional[int] = None,
+            transfer: Optional[transfer_profile.TransferCost] = None
+            ) -> PlanResult:
   """The fastest predicted (K, M) that fits (module docstring)."""
   plans, smallest = [], None
   for m, profiles in sorted(profiles_by_m.items()):
@@ -313,7 +367,7 @@ def Suggest(name: str, profiles_by_m: Dict[int, List[Profile]],
         smallest = min(smallest or (math.inf,), (need, k, m))
         continue
       plans.append(_Predicted(name, profiles, batch_size, bounds, m,
-                              recompute, budget))
+                              recompute, budget, transfer))
   if not plans:
     need, k, m = smallest
     raise ValueError(
@@ -349,7 +403,8 @@ def ProfileAt(pipe: model_pipeline.ModelPipeline, m: int,
   with tf.device(devices_lib.DefaultDevices()[0]):
     return layer_profile.ProfileLayers(
         pipe.layers, pipe.InputShapes(pipe.batch_size // m),
-        optimizer_p=pipe.optimizer, num_runs=num_runs)
+        optimizer_p=pipe.optimizer, num_runs=num_runs,
+        input_gradient=pipe.input_gradient)
 
 
 def PlanModel(pipe: model_pipeline.ModelPipeline,
@@ -368,20 +423,22 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
   ms = ([num_micro_batches] if num_micro_batches else
         [m for m in Divisors(pipe.batch_size) if m <= 64])
   profiles = {m: ProfileAt(pipe, m, num_runs) for m in ms}
+  num_devices = num_devices or (len(cores) if cores else
+                                devices_lib.NumCores())
+  ks = [num_partitions] if num_partitions else list(
+      range(1, min(num_devices, n) + 1))
+  transfer = MeasureTransfer(max(ks), cores)
   if num_partitions and num_micro_batches:
     result = Evaluate(pipe.name, profiles[ms[0]], pipe.batch_size,
-                      num_partitions, ms[0], recompute, budget)
+                      num_partitions, ms[0], recompute, budget, transfer)
   else:
-    num_devices = num_devices or (len(cores) if cores else
-                                  devices_lib.NumCores())
-    ks = [num_partitions] if num_partitions else list(
-        range(1, min(num_devices, n) + 1))
     result = Suggest(pipe.name, profiles, pipe.batch_size, ks, recompute,
-                     budget)
+                     budget, transfer)
   m = result.num_micro_batches
   with tf.device(devices_lib.DefaultDevices()[0]):
     return Refine(result, pipe.layers, pipe.InputShapes(pipe.batch_size // m),
-                  pipe.optimizer, num_runs, cores)
+                  pipe.optimizer, num_runs, cores, transfer,
+                  pipe.input_gradient)
 
 
 def _Args(argv: Sequence[str]) -> argparse.Namespace:

@@ -21,7 +21,13 @@ are done (the pipeline's control dependencies, pipeline_run.py):
     step = 16
 
 plus `overhead_s` per task (the runtime's cost of one partition function
-call). Memory of partition k, for one step, in bytes:
+call), and `hop_s[k]` on each dependency across the boundary between
+partitions k and k+1: handing the micro-batch's output forward, and its
+gradient (the same bytes) back (transfer_profile.py). With hops of 0.5:
+
+    dev 0:  F0 0-1  F1 1-2                      B1 10-13  B0 14-17
+    dev 1:            F0 1.5-3.5  F1 3.5-5.5  B1 5.5-9.5  B0 9.5-13.5
+    step = 17 Memory of partition k, for one step, in bytes:
 
   resident   params P_k + optimizer slots S_k
   gradients  P_k with M > 1: the running sum of the micro-batches'
@@ -153,10 +159,16 @@ Task = Tuple[str, int, int]  # (phase, partition, micro-batch)
 
 
 def TaskTimes(forward_s: Sequence[float], backward_s: Sequence[float],
-              num_micro_batches: int, overhead_s: float = 0.0
+              num_micro_batches: int, overhead_s: float = 0.0,
+              hop_s: Sequence[float] = ()
               ) -> Dict[Task, Tuple[float, float]]:
-  """(start, end) of every task of the GPipe schedule (module docstring)."""
+  """(start, end) of every task of the GPipe schedule (module docstring);
+  `hop_s` has one entry per boundary (K - 1), or none for free hops."""
   k_total, m_total = len(forward_s), num_micro_batches
+  hops = list(hop_s) or [0.0] * (k_total - 1)
+  if len(hops) != k_total - 1:
+    raise ValueError(f'hop_s has {len(hops)} entries for {k_total} '
+                     f'partitions; give one per boundary, {k_total - 1}.')
   end: Dict[Task, float] = {}
   times = {}
   free = [0.0] * k_total
@@ -164,13 +176,13 @@ def TaskTimes(forward_s: Sequence[float], backward_s: Sequence[float],
   for task in schedule.GPipeSchedule(k_total, m_total):
     k, m = task.partition, task.micro_batch
     if task.phase == 'F':
-      deps = [end[('F', k - 1, m)]] if k else []
+      deps = [end[('F', k - 1, m)] + hops[k - 1]] if k else []
       cost = forward_s[k]
     elif k == k_total - 1:
       deps = [end[('F', k, j)] for j in range(m_total)]
       cost = backward_s[k]
     else:
-      deps = [end[('B', k + 1, m)]]
+      deps = [end[('B', k + 1, m)] + hops[k]]
       cost = backward_s[k]
     start = max([free[k]] + deps)
     key = (task.phase, k, m)
@@ -180,16 +192,21 @@ def TaskTimes(forward_s: Sequence[float], backward_s: Sequence[float],
 
 
 def StepSeconds(forward_s: Sequence[float], backward_s: Sequence[float],
-                num_micro_batches: int, overhead_s: float = 0.0) -> float:
+                num_micro_batches: int, overhead_s: float = 0.0,
+                hop_s: Sequence[float] = ()) -> float:
   """The schedule's critical path: when the last task ends."""
-  times = TaskTimes(forward_s, backward_s, num_micro_batches, overhead_s)
+  times = TaskTimes(forward_s, backward_s, num_micro_batches, overhead_s,
+                    hop_s)
   return max(e for _, e in times.values())
 
 
 def IdleFraction(forward_s: Sequence[float], backward_s: Sequence[float],
-                 num_micro_batches: int, overhead_s: float = 0.0) -> float:
-  """Predicted bubble: idle share of the devices over the step."""
-  step = StepSeconds(forward_s, backward_s, num_micro_batches, overhead_s)
+                 num_micro_batches: int, overhead_s: float = 0.0,
+                 hop_s: Sequence[float] = ()) -> float:
+  """Predicted bubble: idle share of the devices over the step (a hop
+  counts as idle: the device waits for it)."""
+  step = StepSeconds(forward_s, backward_s, num_micro_batches, overhead_s,
+                     hop_s)
   busy = sum(num_micro_batches * (f + b + 2 * overhead_s)
              for f, b in zip(forward_s, backward_s))
   return 1.0 - busy / (len(forward_s) * step) if step > 0 else 0.0

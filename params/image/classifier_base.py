@@ -58,6 +58,9 @@ class ImageClassifierBase:
   NUM_PARTITIONS = 2
   NUM_MICRO_BATCHES = 4
   RECOMPUTE = 'always'
+  # The network's input is the images, which need no gradient: the
+  # pipeline's first partition leaves it out (the planner reads this).
+  PIPELINE_INPUT_GRADIENT = False
   # Moving-average decay of every BatchNorm: 0.9 suits short runs.
   BN_DECAY = 0.99
   # Training.

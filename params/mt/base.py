@@ -45,6 +45,9 @@ class TransformerGPipeBase:
   VOCAB_SIZE = 32000
   TOKENIZER = 'subword'  # MTInput.tokenizer: sentencepiece, shared by sides
   MAX_LENGTH = 64
+  # The stack's input holds the embedded sentences, made from variables:
+  # its first partition makes their gradient (the planner reads this).
+  PIPELINE_INPUT_GRADIENT = True
   BATCH_SIZE = 64
   EVAL_BATCH_SIZE = 64
   SHUFFLE_BUFFER_SIZE = 10000

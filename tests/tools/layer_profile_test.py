@@ -10,6 +10,7 @@ once, one pinned process each, and must count what it counts.
 
 import dataclasses
 import os
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -80,6 +81,67 @@ class ProfilePartitionsTest(absltest.TestCase):
     self.assertEqual(parts[0].output_bytes, one[0].output_bytes)
     self.assertEqual(parts[1].input_bytes, one[1].input_bytes)
     self.assertEqual(parts[1].output_bytes, 5 * 4 * 4)
+
+
+def _Run(graph):
+  """The ops of a traced function that its outputs need: those the
+  runtime runs (it prunes the rest)."""
+  todo = [t.op for t in graph.outputs]
+  seen = {}
+  while todo:
+    op = todo.pop()
+    if op.name not in seen:
+      seen[op.name] = op
+      todo.extend(t.op for t in op.inputs)
+      todo.extend(op.control_inputs)
+  return list(seen.values())
+
+
+class InputGradientTest(absltest.TestCase):
+
+  def testWithoutInputGradientTheBackwardDoesLessAndTheSame(self):
+    """As the pipeline's first partition for inputs from no variable: the
+    variables' gradients bit for bit, no input gradient, and one MatMul
+    fewer among the ops the backward's outputs need (the projection's
+    d(input))."""
+    layer = _Projections([8, 16])[0].Instantiate()
+    args = (tf.random.stateless_normal([5, 8], [1, 2]),)
+    out = layer.FProp(layer.theta, *args)
+    results, matmuls = {}, {}
+    for wanted in (True, False):
+      fn, inputs = layer_profile._GradientFn(  # pylint: disable=protected-access
+          layer, args, out, input_gradient=wanted)
+      results[wanted] = fn(*inputs)
+      graph = fn.get_concrete_function(*inputs).graph
+      matmuls[wanted] = sum(op.type == 'MatMul' for op in _Run(graph))
+    (dx, dtheta), (no_dx, same) = results[True], results[False]
+    self.assertLen(dx, 1)
+    self.assertEqual(dx[0].shape, [5, 8])
+    self.assertEqual(list(no_dx), [])
+    self.assertLen(same, len(dtheta))
+    for a, b in zip(dtheta, same):
+      self.assertAllEqualBits(a, b)
+    self.assertEqual(matmuls[False], matmuls[True] - 1)
+
+  def assertAllEqualBits(self, a, b):
+    self.assertEqual(a.numpy().tobytes(), b.numpy().tobytes())
+
+  def testOnlyTheFirstLayerLeavesItOut(self):
+    """Later layers' input gradients feed the layer before: only the
+    first layer (or partition) may leave its own out."""
+    real = layer_profile._GradientFn  # pylint: disable=protected-access
+    for wanted, flags in ((True, [True, True]), (False, [False, True])):
+      seen = []
+
+      def Spy(layer, args, out, input_gradient=True, seen=seen):
+        seen.append(input_gradient)
+        return real(layer, args, out, input_gradient)
+
+      with mock.patch.object(layer_profile, '_GradientFn', Spy):
+        layer_profile.ProfilePartitions(
+            _Projections([8, 16, 32]), [0, 1, 2], tf.TensorShape([5, 8]),
+            num_runs=1, input_gradient=wanted)
+      self.assertEqual(seen, flags)
 
 
 class ProfilePartitionsTogetherTest(absltest.TestCase):

@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -25,6 +26,7 @@ from lingvo_pipe.tools import layer_profile  # noqa: E402
 from lingvo_pipe.tools import model_pipeline  # noqa: E402
 from lingvo_pipe.tools import plan  # noqa: E402
 from lingvo_pipe.tools import step_model  # noqa: E402
+from lingvo_pipe.tools import transfer_profile  # noqa: E402
 
 MIB = 2**20
 
@@ -156,6 +158,76 @@ class StepTimeTest(absltest.TestCase):
     self.assertEqual(step_model.StepSeconds([1], [2], 2, overhead_s=0.5),
                      2 * (1 + 2) + 4 * 0.5)
 
+  def testHopsDelayEveryCrossing(self):
+    # The module docstring's second table: each dependency across the
+    # boundary waits 0.5, forward and backward.
+    times = step_model.TaskTimes([1, 2], [3, 4], 2, hop_s=[0.5])
+    self.assertEqual(times, {
+        ('F', 0, 0): (0, 1), ('F', 0, 1): (1, 2),
+        ('F', 1, 0): (1.5, 3.5), ('F', 1, 1): (3.5, 5.5),
+        ('B', 1, 1): (5.5, 9.5), ('B', 1, 0): (9.5, 13.5),
+        ('B', 0, 1): (10, 13), ('B', 0, 0): (14, 17)})
+    self.assertEqual(step_model.StepSeconds([1, 2], [3, 4], 2, hop_s=[0.5]),
+                     17)
+    # At M=1 every task is on the critical path: both hops add up.
+    self.assertEqual(
+        step_model.StepSeconds([1, 2, 1], [3, 4, 3], 1, hop_s=[0.25, 0.5]),
+        1 + 2 + 1 + 3 + 4 + 3 + 2 * (0.25 + 0.5))
+    self.assertEqual(step_model.StepSeconds([1, 2], [3, 4], 2, hop_s=[0]),
+                     step_model.StepSeconds([1, 2], [3, 4], 2))
+
+  def testOneHopPerBoundary(self):
+    with self.assertRaisesRegex(ValueError, 'give one per boundary, 1'):
+      step_model.StepSeconds([1, 2], [3, 4], 2, hop_s=[0.5, 0.5])
+
+
+class TransferTest(absltest.TestCase):
+
+  def testFitIsTheLineThroughThePoints(self):
+    cost = transfer_profile.Fit([(1000, 0.002), (3000, 0.004),
+                                 (5000, 0.006)])
+    self.assertAlmostEqual(cost.latency_s, 0.001, places=12)
+    self.assertAlmostEqual(cost.seconds_per_byte, 1e-6, places=15)
+    self.assertAlmostEqual(cost.Seconds(2000), 0.003, places=12)
+    self.assertEqual(cost.Seconds(0), 0.0)  # nothing crosses, no latency
+
+  def testFitClampsAtZero(self):
+    # Noise can make the larger size read faster: no negative cost.
+    cost = transfer_profile.Fit([(1000, 0.004), (3000, 0.002)])
+    self.assertEqual(cost.seconds_per_byte, 0.0)
+    self.assertAlmostEqual(cost.latency_s, 0.003, places=12)
+    self.assertEqual(transfer_profile.Fit([(1, -1.0), (2, -1.0)]).latency_s,
+                     0.0)
+    with self.assertRaisesRegex(ValueError, 'two or more distinct sizes'):
+      transfer_profile.Fit([(1000, 0.002), (1000, 0.003)])
+
+  def testMeasuredBetweenTwoDevicesOfThisProcess(self):
+    names = devices.SplitCpu(4)
+    cost = transfer_profile.Measure(names[0], names[1], num_runs=1)
+    self.assertGreaterEqual(cost.latency_s, 0.0)
+    self.assertGreaterEqual(cost.seconds_per_byte, 0.0)
+    self.assertEqual(cost.between, f'{names[0]} -> {names[1]}')
+
+  def testHopsOfAPrediction(self):
+    profiles = [_Profile(i, 0.5, 1.0, act=i + 1, params=1)
+                for i in range(4)]
+    cost = transfer_profile.TransferCost(latency_s=0.01,
+                                         seconds_per_byte=1e-3 / MIB)
+    result = plan.Evaluate('x', profiles, 8, 2, 2, transfer=cost)
+    b = result.bounds[1]
+    hop = 0.01 + 1e-3 * b  # layer b - 1 outputs b MiB
+    self.assertEqual(result.hop_s, [cost.Seconds(b * MIB)])
+    self.assertAlmostEqual(result.hop_s[0], hop, places=12)
+    fwd = [p.forward_s for p in result.partitions]
+    bwd = [p.backward_s for p in result.partitions]
+    self.assertEqual(result.step_s,
+                     step_model.StepSeconds(fwd, bwd, 2, hop_s=[hop]))
+    self.assertGreater(result.step_s, step_model.StepSeconds(fwd, bwd, 2))
+    self.assertIn(f'0->1 {hop * 1e3:.2f} ms', str(result))
+    # One partition hands nothing on.
+    self.assertEqual(plan.Evaluate('x', profiles, 8, 1, 2,
+                                   transfer=cost).hop_s, [])
+
 
 class SuggestTest(absltest.TestCase):
 
@@ -211,6 +283,13 @@ class ErrorsTest(absltest.TestCase):
     with self.assertRaisesRegex(LookupError, "^Unknown model 'image.synth"
                                 r"etic.AmoebaNetTiny'; did you mean"):
       plan.Main(['--model=image.synthetic.AmoebaNetTiny'])
+
+  def testWhetherTheStepDifferentiatesThePipelineInput(self):
+    # Images need no gradient; an MT stack's embedded input does.
+    self.assertFalse(model_pipeline.FromRegistry(
+        'image.synthetic.ResNetTinyGPipe').input_gradient)
+    self.assertTrue(model_pipeline.FromRegistry(
+        'mt.synthetic.TransformerTinyGPipe').input_gradient)
 
   def testNoPipeline(self):
     with self.assertRaisesRegex(ValueError, r'has no PipeliningLayer in '
@@ -272,10 +351,14 @@ class CommandLineTest(absltest.TestCase):
     self.assertLen(rows, 4)  # the predictions and the balance report
     self.assertEqual(rows[2][1], names[0])
     self.assertEqual(rows[3][3], names[-1])
-    if os.environ.get('TF_CPU_ALLOCATOR_USE_BFC') != 'true':
-      # This process's CPU allocator keeps no statistics: the report says
-      # what its memory figures lack.
+    # The report says what its memory figures lack exactly when this
+    # process's allocator keeps no statistics: a CPU's default one keeps
+    # none unless TF_CPU_ALLOCATOR_USE_BFC=true, or where TensorFlow uses
+    # oneDNN's allocator (seen on an AVX-512 AMD EPYC).
+    if layer_profile.AllocatorDevice() is None:
       self.assertIn('traced gradient only', report)
+    else:
+      self.assertNotIn('traced gradient only', report)
 
   def testRefinedPartitionsAreTheirLayersMeasuredWhole(self):
     pipe = model_pipeline.FromRegistry('image.synthetic.ResNetTinyGPipe')
@@ -291,12 +374,17 @@ class CommandLineTest(absltest.TestCase):
                        sum(p.num_params for p in profiles[a:b]))
       self.assertEqual(part.input_bytes, profiles[a].input_bytes)
       self.assertEqual(part.output_bytes, profiles[b - 1].output_bytes)
-    # The printed prediction is the partitions'.
+    # The printed prediction is the partitions', with the hand-off of
+    # partition 0's output measured between this process's first two
+    # (logical) devices.
     self.assertEqual(result.partitions,
                      step_model.Predict(parts, [0, 1, 2], 4))
+    self.assertIn(' -> ', result.transfer.between)
+    self.assertEqual(result.hop_s,
+                     [result.transfer.Seconds(parts[0].output_bytes)])
     self.assertEqual(result.step_s, step_model.StepSeconds(
         [p.forward_s for p in result.partitions],
-        [p.backward_s for p in result.partitions], 4))
+        [p.backward_s for p in result.partitions], 4, hop_s=result.hop_s))
     self.assertIn('each partition measured whole', str(result))
     self.assertNotIn('exceed the budget', str(result))
     tight = dataclasses.replace(
@@ -327,6 +415,14 @@ class CommandLineTest(absltest.TestCase):
     if together:
       self.assertIn(f'each partition measured whole, all at once on cores '
                     f'{cores}', out.stdout)
+      # The hand-off was measured between two worker servers on those
+      # cores: moving bytes through gRPC is not free.
+      match = re.search(r'Hand-offs per micro-batch, each way: 0->1 '
+                        r'([\d.]+) ms; transfer ([\d.]+) ms \+ ([\d.]+) '
+                        r'ms/MiB \(worker servers on cores '
+                        f'{cores[0]} and {cores[1]}\\)', out.stdout)
+      self.assertIsNotNone(match, out.stdout)
+      self.assertGreater(float(match.group(3)), 0.0)
 
 
 if __name__ == '__main__':

@@ -1,0 +1,176 @@
+"""What handing a boundary tensor to the next device costs, measured once.
+
+Between partitions k and k+1 a pipeline sends each micro-batch's output
+forward and, in the backward, its gradient (the same bytes) back. On
+one host's worker processes that goes through TensorFlow's gRPC runtime
+(on the machine of docs/DESIGN.md section 31, about 0.7 ms per MiB); on
+an accelerator through its links; between logical CPUs of one process
+it is next to free. The planner adds it to the schedule (step_model's
+hop_s), measured here between two of the target's devices:
+
+  Measure(src, dst)        two devices this process can place ops on
+  MeasureBetweenCores(cores)  two worker servers on this host, pinned to
+                           cores[0] and cores[1] (LocalWorkers), as the
+                           trainer's workers run; measured in a child
+                           process, which starts and stops them
+
+For each size in SIZES, one tf.function makes a tensor of that many bytes
+on `src` and sums it on `dst`; its twin makes and sums it on `dst`. The
+two are called alternately, `num_runs` times each after a warm-up, and
+the difference of their medians is the transfer. A line fit by least
+squares through the three points gives the cost:
+
+  seconds(bytes) = latency_s + bytes * seconds_per_byte
+
+(each clamped at zero). The tensor is made inside the call, so no copy
+of an earlier call can be reused, as the pipeline's activations cannot.
+Every boundary of a K-partition split is assumed to cost the same as the
+one measured (one host, one kind of link).
+
+  python -m lingvo_pipe.tools.transfer_profile --cores=0,1
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+SIZES = (2**18, 2**21, 2**24)  # 256 KiB, 2 MiB, 16 MiB
+_BFC_ENV = 'TF_CPU_ALLOCATOR_USE_BFC'
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferCost:
+  """seconds(bytes) = latency_s + bytes * seconds_per_byte."""
+  latency_s: float = 0.0
+  seconds_per_byte: float = 0.0
+  between: str = ''  # what was measured, for the report
+
+  def Seconds(self, num_bytes: int) -> float:
+    return self.latency_s + num_bytes * self.seconds_per_byte if (
+        num_bytes) else 0.0
+
+  def __str__(self) -> str:
+    return (f'{self.latency_s * 1e3:.2f} ms + '
+            f'{self.seconds_per_byte * 2**20 * 1e3:.3f} ms/MiB'
+            + (f' ({self.between})' if self.between else ''))
+
+
+def Fit(points: Sequence[Tuple[int, float]], between: str = ''
+        ) -> TransferCost:
+  """The least-squares line through (bytes, seconds), clamped at zero."""
+  n = len(points)
+  if n < 2 or len({b for b, _ in points}) < 2:
+    raise ValueError(f'Fit needs two or more distinct sizes, got {points}.')
+  mean_b = sum(b for b, _ in points) / n
+  mean_s = sum(s for _, s in points) / n
+  slope = (sum((b - mean_b) * (s - mean_s) for b, s in points)
+           / sum((b - mean_b) ** 2 for b, _ in points))
+  slope = max(slope, 0.0)
+  return TransferCost(latency_s=max(mean_s - slope * mean_b, 0.0),
+                      seconds_per_byte=slope, between=between)
+
+
+def Measure(src: str, dst: str, sizes: Sequence[int] = SIZES,
+            num_runs: int = 7) -> TransferCost:
+  """The cost of moving a tensor from device `src` to `dst` (module
+  docstring), in this process."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def Fn(make_on: str):
+    def Call(value, n):
+      with tf.device(make_on):
+        x = tf.fill(n, value)
+      with tf.device(dst):
+        return tf.reduce_sum(x)
+    return tf.function(Call, autograph=False)
+
+  remote, local = Fn(src), Fn(dst)
+  value = tf.constant(1.0)
+  points = []
+  for size in sizes:
+    n = tf.constant([size // 4])  # float32 elements
+    times: Dict[str, List[float]] = {'remote': [], 'local': []}
+    for _ in range(num_runs + 1):  # the first of each is a warm-up
+      for name, fn in (('remote', remote), ('local', local)):
+        start = time.perf_counter()
+        fn(value, n).numpy()
+        times[name].append(time.perf_counter() - start)
+    points.append((size, statistics.median(times['remote'][1:])
+                   - statistics.median(times['local'][1:])))
+  return Fit(points, between=f'{src} -> {dst}')
+
+
+def MeasureBetweenCores(cores: Sequence[int], num_runs: int = 7,
+                        timeout: float = 600.0) -> TransferCost:
+  """The cost between two worker servers pinned to cores[0] and cores[1]
+  (module docstring); a zero cost for fewer than two cores."""
+  cores = list(cores)
+  if len(cores) < 2:
+    return TransferCost(between='one device: nothing crosses')
+  env = dict(os.environ)
+  env.pop(_BFC_ENV, None)  # the workers run with TF's default allocator
+  command = [sys.executable, '-m', 'lingvo_pipe.tools.transfer_profile',
+             f'--cores={cores[0]},{cores[1]}', f'--num_runs={num_runs}']
+  try:
+    child = subprocess.run(command, capture_output=True, text=True,
+                           timeout=timeout, env=env)
+  except subprocess.TimeoutExpired:
+    raise TimeoutError(
+        f'measuring the transfer between cores {cores[:2]} took over '
+        f'{timeout:.0f} s; check that worker servers can start here '
+        '(python -m lingvo_pipe.tools.transfer_profile '
+        f'--cores={cores[0]},{cores[1]}).') from None
+  if child.returncode:
+    tail = child.stderr.strip().splitlines()[-1:] or ['no output']
+    raise RuntimeError(
+        f'measuring the transfer between cores {cores[:2]} failed '
+        f'(exit code {child.returncode}): {tail[0]}')
+  return TransferCost(**json.loads(child.stdout.strip().splitlines()[-1]))
+
+
+def _OnWorkers(cores: List[int], num_runs: int) -> TransferCost:
+  from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import local_workers  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory(prefix='transfer_') as logs:
+    with local_workers.LocalWorkers(2, logs, cores=cores) as workers:
+      names = cluster.Connect(cluster.ParseClusterSpec(workers.spec))
+      cost = Measure(names[0], names[1], num_runs=num_runs)
+  return dataclasses.replace(
+      cost, between=f'worker servers on cores {cores[0]} and {cores[1]}')
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  parser = argparse.ArgumentParser(
+      prog='python -m lingvo_pipe.tools.transfer_profile',
+      description=__doc__.split('\n')[0])
+  parser.add_argument('--cores', required=True,
+                      help='Two cores of this host, e.g. 0,1: the cost '
+                      'between worker servers pinned to them.')
+  parser.add_argument('--num_runs', type=int, default=7)
+  args = parser.parse_args(argv)
+  try:
+    cores = [int(c) for c in args.cores.split(',')]
+  except ValueError:
+    parser.error(f'--cores={args.cores}: give two core numbers, e.g. 0,1.')
+  if len(cores) != 2 or cores[0] == cores[1]:
+    parser.error(f'--cores={args.cores}: give two distinct cores, e.g. 0,1.')
+  if args.num_runs < 1:
+    parser.error(f'--num_runs={args.num_runs}: give at least 1.')
+  from lingvo_pipe.core import quiet  # pylint: disable=g-import-not-at-top
+  quiet.ImportTensorFlow()
+  cost = _OnWorkers(cores, args.num_runs)
+  print(f'transfer: {cost}', file=sys.stderr)
+  print(json.dumps(dataclasses.asdict(cost)), flush=True)
+
+
+if __name__ == '__main__':
+  main()
