@@ -165,6 +165,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.error(f'--cores={args.cores}: give two distinct cores, e.g. 0,1.')
   if args.num_runs < 1:
     parser.error(f'--num_runs={args.num_runs}: give at least 1.')
+  # The planner runs pinned to one core (as a worker); this child inherits
+  # that, but its workers need both cores: widen before they are placed.
+  try:
+    os.sched_setaffinity(0, set(cores))
+  except OSError as err:
+    parser.error(f'--cores={args.cores}: this process cannot run on those '
+                 f'cores ({err}); give cores of this machine.')
   from lingvo_pipe.core import quiet  # pylint: disable=g-import-not-at-top
   quiet.ImportTensorFlow()
   cost = _OnWorkers(cores, args.num_runs)

@@ -403,7 +403,9 @@ class CommandLineTest(absltest.TestCase):
     together = len(cores) == 2
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
     env.pop('TF_CPU_ALLOCATOR_USE_BFC', None)
+    # Pinned to the first core, as the README runs it for workers.
     out = subprocess.run(
+        (['taskset', '-c', str(cores[0])] if together else []) +
         [sys.executable, '-m', 'lingvo_pipe.tools.plan',
          '--model=image.synthetic.ResNetTinyGPipe', '--num_partitions=2',
          '--num_micro_batches=4', '--num_timing_runs=1'] +
