@@ -26,7 +26,11 @@ activation forward, its gradient back). What that costs is measured once
 between two of the target's devices (transfer_profile.py: worker servers
 pinned to the first two --cores, else this process's first two devices)
 and enters the schedule as a delay on each dependency across a boundary
-(step_model's hop_s); the report prints each boundary's hop.
+(step_model's hop_s); the report prints each boundary's hop. The first
+partition's backward is measured without the gradient of the pipeline's
+input when the model's params class says the step makes none
+(PIPELINE_INPUT_GRADIENT = False: images), as the pipeline runs it
+(docs/DESIGN.md section 33).
 
 Without K or M it suggests them: every K from 1 to the number of devices
 and every M dividing the batch (measured again for each micro-batch
@@ -40,7 +44,7 @@ the workers' cores too (`--cores=0,1`): the chosen split's partitions are
 then measured all at once, partition k in a process pinned to the k-th
 core, so each is timed beside busy neighbours, as in the pipeline's
 steady state. Partitions sharing a host's caches and memory slow each
-other: on this machine AmoebaNet-D's first partition's backward took 19%
+other: on an earlier VM AmoebaNet-D's first partition's backward took 19%
 longer with the other core busy (docs/DESIGN.md section 31). Without
 --cores they are measured one after another on this process's device (a
 GPU's partitions do not share one).
@@ -207,10 +211,14 @@ class PlanResult:
            else 'sums of the layers measured one by one')
     if self.partition_profiles and self.cores:
       how += f', all at once on cores {self.cores}'
-    if self.hop_s:
+    if self.hop_s and self.transfer.measured:
       lines.append('  Hand-offs per micro-batch, each way: ' + ', '.join(
           f'{i}->{i + 1} {h * 1e3:.2f} ms' for i, h in enumerate(self.hop_s))
           + f'; transfer {self.transfer}')
+    elif self.hop_s:
+      lines.append(f'  Hand-offs between partitions counted as free '
+                   f'({self.transfer.between}; --cores measures them '
+                   'between worker processes)')
     lines.append(f'  part  F/micro    B/micro    peak memory = resident + '
                  f'gradients + kept activations ({how})')
     for i, part in enumerate(self.partitions):
@@ -290,7 +298,7 @@ def MeasureTransfer(num_partitions: int,
   devs = devices_lib.DefaultDevices()
   if len(devs) < 2:
     return transfer_profile.TransferCost(
-        between='not measured: one device here')
+        between='not measured: this process has one device')
   return transfer_profile.Measure(devs[0], devs[1])
 
 

@@ -52,7 +52,8 @@ class TransferCost:
   """seconds(bytes) = latency_s + bytes * seconds_per_byte."""
   latency_s: float = 0.0
   seconds_per_byte: float = 0.0
-  between: str = ''  # what was measured, for the report
+  between: str = ''  # what was measured (or why not), for the report
+  measured: bool = False  # False: nothing measured, hand-offs are free
 
   def Seconds(self, num_bytes: int) -> float:
     return self.latency_s + num_bytes * self.seconds_per_byte if (
@@ -76,7 +77,7 @@ def Fit(points: Sequence[Tuple[int, float]], between: str = ''
            / sum((b - mean_b) ** 2 for b, _ in points))
   slope = max(slope, 0.0)
   return TransferCost(latency_s=max(mean_s - slope * mean_b, 0.0),
-                      seconds_per_byte=slope, between=between)
+                      seconds_per_byte=slope, between=between, measured=True)
 
 
 def Measure(src: str, dst: str, sizes: Sequence[int] = SIZES,

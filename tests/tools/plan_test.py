@@ -190,6 +190,8 @@ class TransferTest(absltest.TestCase):
     self.assertAlmostEqual(cost.seconds_per_byte, 1e-6, places=15)
     self.assertAlmostEqual(cost.Seconds(2000), 0.003, places=12)
     self.assertEqual(cost.Seconds(0), 0.0)  # nothing crosses, no latency
+    self.assertTrue(cost.measured)
+    self.assertFalse(transfer_profile.TransferCost().measured)
 
   def testFitClampsAtZero(self):
     # Noise can make the larger size read faster: no negative cost.
@@ -212,7 +214,8 @@ class TransferTest(absltest.TestCase):
     profiles = [_Profile(i, 0.5, 1.0, act=i + 1, params=1)
                 for i in range(4)]
     cost = transfer_profile.TransferCost(latency_s=0.01,
-                                         seconds_per_byte=1e-3 / MIB)
+                                         seconds_per_byte=1e-3 / MIB,
+                                         measured=True)
     result = plan.Evaluate('x', profiles, 8, 2, 2, transfer=cost)
     b = result.bounds[1]
     hop = 0.01 + 1e-3 * b  # layer b - 1 outputs b MiB
@@ -227,6 +230,11 @@ class TransferTest(absltest.TestCase):
     # One partition hands nothing on.
     self.assertEqual(plan.Evaluate('x', profiles, 8, 1, 2,
                                    transfer=cost).hop_s, [])
+    # Nothing measured (one device here): free, and the report says so.
+    free = plan.Evaluate('x', profiles, 8, 2, 2)
+    self.assertEqual(free.hop_s, [0.0])
+    self.assertEqual(free.step_s, step_model.StepSeconds(fwd, bwd, 2))
+    self.assertIn('Hand-offs between partitions counted as free', str(free))
 
 
 class SuggestTest(absltest.TestCase):
