@@ -287,7 +287,9 @@ def ReadServerMemory(pids: List[int], addresses: List[str],
   Signals each server (SIGUSR1; they run `cluster.Serve` on this host, as
   LocalWorkers' do) and reads its report. On CPU the servers need
   TF_CPU_ALLOCATOR_USE_BFC=true in their environment (LocalWorkers' env):
-  without it TensorFlow keeps no statistics and this raises saying so.
+  without it TensorFlow's default allocator keeps no statistics and this
+  raises saying so. (Where TensorFlow turns oneDNN on, on CPUs with
+  AVX-512, its allocator is oneDNN's, which keeps them anyway.)
   """
   paths = [MemoryReportPath(a) for a in addresses]
   seqs = [_ReportSeq(path) for path in paths]

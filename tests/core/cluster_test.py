@@ -226,7 +226,12 @@ class ClusterTest(absltest.TestCase):
     self.assertLess(reads['idle']['peak'] - reads['idle']['current'], mib)
 
   def testReadMemoryWithoutStatisticsSaysWhatToSet(self):
-    workers = local_workers.LocalWorkers(1, self.create_tempdir().full_path)
+    # TensorFlow's default CPU allocator keeps no statistics. Where it
+    # turns oneDNN on (CPUs with AVX-512), oneDNN's allocator does: turn
+    # it off, so the server runs the allocator this path is for.
+    workers = local_workers.LocalWorkers(
+        1, self.create_tempdir().full_path,
+        env={'TF_ENABLE_ONEDNN_OPTS': '0', 'TF_CPU_ALLOCATOR_USE_BFC': ''})
     self.addCleanup(workers.Stop)
     workers.Start()
     with self.assertRaisesRegex(local_workers.WorkersFailed,
