@@ -170,14 +170,23 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
 
   def testResumesAfterSigkill(self):
     logdir = self.create_tempdir().full_path
-    override = ('--model_params_override=task.train.max_steps : 400\n'
+    # More steps than it can run before the kill: on a fast machine 400
+    # ran out between two polls, and the 5 checkpoints kept had already
+    # dropped ckpt-40 (it failed so once).
+    override = ('--model_params_override=task.train.max_steps : 1000000\n'
                 'task.train.eval_interval_steps : 0')
     proc = subprocess.Popen(self._Command(logdir, override), env=self._Env(),
                             stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    self.addCleanup(lambda: proc.poll() is None and proc.kill())
     state = os.path.join(logdir, 'train', 'checkpoint')
     deadline = time.time() + 240
-    while not glob.glob(os.path.join(logdir, 'train', 'ckpt-40.index')):
+
+    def Saved():
+      return [int(path.rsplit('-', 1)[-1].split('.')[0]) for path in
+              glob.glob(os.path.join(logdir, 'train', 'ckpt-*.index'))]
+
+    while not any(step >= 40 for step in Saved()):
       self.assertIsNone(proc.poll(), 'the trainer exited before step 40')
       self.assertLess(time.time(), deadline)
       time.sleep(0.2)
@@ -188,8 +197,9 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
     killed_at = int(latest.rsplit('-', 1)[-1])
     self.assertGreaterEqual(killed_at, 40)
     first_run = glob.glob(os.path.join(logdir, 'train', 'events.*'))
+    end = killed_at + 40
     result = self._Run(logdir, '--model_params_override='
-                       'task.train.max_steps : 440')
+                       f'task.train.max_steps : {end}')
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     self.assertIn(f'Resumed from {latest} at step {killed_at}; input '
                   'position restored.', result.stdout)
@@ -197,9 +207,9 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
     # and none is trained twice.
     resumed = _Scalars(os.path.join(logdir, 'train'), skip=first_run)
     self.assertEqual([s for s, _ in resumed['loss']],
-                     list(range(killed_at + 10, 441, 10)))
+                     list(range(killed_at + 10, end + 1, 10)))
     final = tf.train.latest_checkpoint(os.path.join(logdir, 'train'))
-    self.assertTrue(final.endswith('ckpt-440'))
+    self.assertTrue(final.endswith(f'ckpt-{end}'))
 
   def testResumedRunEqualsAnUninterruptedOne(self):
     # A shuffled input: the resumed run must continue the same stream
