@@ -315,7 +315,10 @@ def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
   on the current device. The hand-offs between partitions cost
   `transfer`, measured (MeasureTransfer) if not given. `input_gradient`:
   whether the step differentiates the pipeline's input
-  (layer_profile.ProfileLayers')."""
+  (layer_profile.ProfileLayers'); a first partition that keeps its
+  activations makes that gradient anyway, as the pipeline's does."""
+  input_gradient = input_gradient or step_model.KeepsActivations(
+      result.recompute, 0, len(result.bounds) - 1)
   if cores:
     parts = layer_profile.ProfilePartitionsTogether(
         layers, result.bounds, input_shapes, cores, optimizer_p=optimizer_p,
@@ -402,8 +405,10 @@ def Suggest(name: str, profiles_by_m: Dict[int, List[Profile]],
 
 
 def ProfileAt(pipe: model_pipeline.ModelPipeline, m: int,
-              num_runs: int = 5) -> List[Profile]:
-  """Each layer's profile at micro-batch batch / m, on the first device."""
+              num_runs: int = 5, recompute: str = '') -> List[Profile]:
+  """Each layer's profile at micro-batch batch / m, on the first device;
+  the first layer's without the input gradient where the step makes none
+  (recompute 'never' keeps partition 0's activations, which makes it)."""
   if m < 1 or pipe.batch_size % m:
     raise ValueError(
         f'num_micro_batches={m} does not divide the batch of '
@@ -412,7 +417,8 @@ def ProfileAt(pipe: model_pipeline.ModelPipeline, m: int,
     return layer_profile.ProfileLayers(
         pipe.layers, pipe.InputShapes(pipe.batch_size // m),
         optimizer_p=pipe.optimizer, num_runs=num_runs,
-        input_gradient=pipe.input_gradient)
+        input_gradient=pipe.input_gradient or
+        (recompute or pipe.recompute) == 'never')
 
 
 def PlanModel(pipe: model_pipeline.ModelPipeline,
@@ -430,7 +436,7 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
         f'use between 1 and {n}.')
   ms = ([num_micro_batches] if num_micro_batches else
         [m for m in Divisors(pipe.batch_size) if m <= 64])
-  profiles = {m: ProfileAt(pipe, m, num_runs) for m in ms}
+  profiles = {m: ProfileAt(pipe, m, num_runs, recompute) for m in ms}
   num_devices = num_devices or (len(cores) if cores else
                                 devices_lib.NumCores())
   ks = [num_partitions] if num_partitions else list(

@@ -12,6 +12,7 @@ import random
 import re
 import subprocess
 import sys
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -292,13 +293,6 @@ class ErrorsTest(absltest.TestCase):
                                 r"etic.AmoebaNetTiny'; did you mean"):
       plan.Main(['--model=image.synthetic.AmoebaNetTiny'])
 
-  def testWhetherTheStepDifferentiatesThePipelineInput(self):
-    # Images need no gradient; an MT stack's embedded input does.
-    self.assertFalse(model_pipeline.FromRegistry(
-        'image.synthetic.ResNetTinyGPipe').input_gradient)
-    self.assertTrue(model_pipeline.FromRegistry(
-        'mt.synthetic.TransformerTinyGPipe').input_gradient)
-
   def testNoPipeline(self):
     with self.assertRaisesRegex(ValueError, r'has no PipeliningLayer in '
                                 r'its task params; put its network in one'):
@@ -338,6 +332,38 @@ class ErrorsTest(absltest.TestCase):
       plan.ParseBytes('lots')
     self.assertEqual(plan.ParseBytes('1.5 KiB'), 1536)
     self.assertIsNone(plan.ParseBytes(''))
+
+
+class InputGradientTest(absltest.TestCase):
+
+  def testAFirstPartitionThatKeepsActivationsMakesTheInputGradient(self):
+    """The pipeline leaves the images' gradient out of partition 0 only
+    when it re-computes; Refine measures it the same way."""
+    pipe = model_pipeline.FromRegistry('image.synthetic.ResNetTinyGPipe')
+    profiles = plan.ProfileAt(pipe, 4, num_runs=1)
+    real = layer_profile._GradientFn  # pylint: disable=protected-access
+    free = transfer_profile.TransferCost()
+    for recompute, first in (('always', False), ('never', True),
+                             ('except_last', False)):
+      seen = []
+
+      def Spy(layer, args, out, input_gradient=True, seen=seen):
+        seen.append(input_gradient)
+        return real(layer, args, out, input_gradient)
+
+      first_plan = plan.Evaluate(pipe.name, profiles, pipe.batch_size, 2, 4,
+                                 recompute)
+      with mock.patch.object(layer_profile, '_GradientFn', Spy):
+        plan.Refine(first_plan, pipe.layers, pipe.InputShapes(8),
+                    num_runs=1, transfer=free, input_gradient=False)
+      self.assertEqual(seen, [first, True], recompute)
+
+  def testWhetherTheStepDifferentiatesThePipelineInput(self):
+    # Images need no gradient; an MT stack's embedded input does.
+    self.assertFalse(model_pipeline.FromRegistry(
+        'image.synthetic.ResNetTinyGPipe').input_gradient)
+    self.assertTrue(model_pipeline.FromRegistry(
+        'mt.synthetic.TransformerTinyGPipe').input_gradient)
 
 
 class CommandLineTest(absltest.TestCase):
