@@ -29,8 +29,10 @@ Where the data comes from:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import random
-from typing import Any, Dict, NoReturn, Optional
+from typing import Any, Dict, Iterator, NoReturn, Optional
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -56,6 +58,32 @@ def IsLocalBuilder(dataset_name: str) -> bool:
     return False
   return cls.__module__.startswith(_LOCAL_BUILDER_MODULE_PREFIX)
 
+
+
+class _NoFreshVariantWarning(logging.Filter):
+  """Drops TFDS's warning that a dataset's version folder has no
+  dataset_info.json, which it logs when it finds the folder it is about to
+  prepare (every first preparation, seen with TFDS 4.9 on 2026-11-27)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (str(record.msg).startswith('Variant folder') and
+                'dataset_info.json' in record.getMessage())
+
+
+@contextlib.contextmanager
+def _QuietFirstPreparation(preparing: bool) -> Iterator[None]:
+  """Inside, with `preparing`, that warning is dropped; any other stays.
+  Without it (the dataset must already be there) an incomplete folder is
+  worth the warning."""
+  if not preparing:
+    yield
+    return
+  absl_logger, drop = logging.getLogger('absl'), _NoFreshVariantWarning()
+  absl_logger.addFilter(drop)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(drop)
 
 class BaseInputGenerator:
   """Reads a TFDS split and yields batches of `Preprocess`ed NestedMaps.
@@ -151,10 +179,11 @@ class BaseInputGenerator:
     read_config = tfds.ReadConfig(shuffle_seed=p.seed,
                                   try_autocache=bool(p.repeat))
     try:
-      dataset, info = tfds.load(
-          dataset_name, split=split, data_dir=p.data_dir,
-          shuffle_files=shuffle_files, download=download,
-          as_supervised=False, read_config=read_config, with_info=True)
+      with _QuietFirstPreparation(download):
+        dataset, info = tfds.load(
+            dataset_name, split=split, data_dir=p.data_dir,
+            shuffle_files=shuffle_files, download=download,
+            as_supervised=False, read_config=read_config, with_info=True)
     except AssertionError as e:  # TFDS's "could not find data in <dir>".
       if download:
         raise

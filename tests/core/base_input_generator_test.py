@@ -6,6 +6,7 @@ prepared once per test class into a temporary data_dir.
 """
 
 import inspect
+import logging
 import os
 import shutil
 import tempfile
@@ -71,6 +72,17 @@ class _InMemoryInput(base_input_generator.BaseInputGenerator):
     return tf.data.Dataset.from_tensor_slices({'x': tf.range(10)})
 
 
+class _Records(logging.Handler):
+  """Collects the messages of records at `level` or above."""
+
+  def __init__(self, level):
+    super().__init__(level)
+    self.messages = []
+
+  def emit(self, record):
+    self.messages.append(record.getMessage())
+
+
 class BaseInputGeneratorTest(tf.test.TestCase, parameterized.TestCase):
 
   @classmethod
@@ -132,7 +144,17 @@ class BaseInputGeneratorTest(tf.test.TestCase, parameterized.TestCase):
     data_dir = self.create_tempdir().full_path
     inp = _Params(dataset_name=_LOCAL, data_dir=data_dir,
                   batch_size=100).Instantiate()
-    self.assertLen(list(inp.GetDataset()), 3)
+    warnings = _Records('WARNING')
+    logging.getLogger().addHandler(warnings)
+    try:
+      self.assertLen(list(inp.GetDataset()), 3)
+    finally:
+      logging.getLogger().removeHandler(warnings)
+    # TFDS's warning about the folder it is preparing is not shown; the
+    # filter is gone afterwards, so other warnings still are.
+    self.assertFalse([m for m in warnings.messages if 'Variant folder' in m],
+                     warnings.messages)
+    self.assertFalse(logging.getLogger('absl').filters)
     builder = tfds.builder(_LOCAL, data_dir=data_dir)
     self.assertTrue(builder.is_prepared())
     self.assertEqual(inp.NumExamples(), _NUM_TRAIN)
