@@ -59,7 +59,6 @@ def IsLocalBuilder(dataset_name: str) -> bool:
   return cls.__module__.startswith(_LOCAL_BUILDER_MODULE_PREFIX)
 
 
-
 class _NoFreshVariantWarning(logging.Filter):
   """Drops TFDS's warning that a dataset's version folder has no
   dataset_info.json, which it logs when it finds the folder it is about to
@@ -84,6 +83,7 @@ def _QuietFirstPreparation(preparing: bool) -> Iterator[None]:
     yield
   finally:
     absl_logger.removeFilter(drop)
+
 
 class BaseInputGenerator:
   """Reads a TFDS split and yields batches of `Preprocess`ed NestedMaps.

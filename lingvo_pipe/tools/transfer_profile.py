@@ -56,8 +56,10 @@ class TransferCost:
   measured: bool = False  # False: nothing measured, hand-offs are free
 
   def Seconds(self, num_bytes: int) -> float:
-    return self.latency_s + num_bytes * self.seconds_per_byte if (
-        num_bytes) else 0.0
+    """Nothing crosses, nothing costs: 0 for 0 bytes, latency included."""
+    if not num_bytes:
+      return 0.0
+    return self.latency_s + num_bytes * self.seconds_per_byte
 
   def __str__(self) -> str:
     return (f'{self.latency_s * 1e3:.2f} ms + '
