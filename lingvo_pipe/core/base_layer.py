@@ -179,7 +179,8 @@ def InitialValue(init: hyperparams.Params, shape: Sequence[int],
 class _BaseLayerMeta(type):
   """Passes the parent in before `__init__` and seals the layer after it."""
 
-  def __call__(cls, params, *args, parent=None, seed_name=None, **kwargs):
+  def __call__(cls, params, *args, parent=None, seed_name=None,
+               path_name=None, **kwargs):
     if not isinstance(params, hyperparams.Params):
       raise TypeError(
           f'{cls.__name__} takes its Params as first argument; build it '
@@ -187,6 +188,7 @@ class _BaseLayerMeta(type):
     obj = cls.__new__(cls)
     obj._parent = parent  # pylint: disable=protected-access
     obj._seed_name = seed_name  # pylint: disable=protected-access
+    obj._path_name = path_name  # pylint: disable=protected-access
     obj._sealed = False  # pylint: disable=protected-access
     obj.__init__(params, *args, **kwargs)
     obj._Seal()  # pylint: disable=protected-access
@@ -234,7 +236,13 @@ class BaseLayer(metaclass=_BaseLayerMeta):
     if p.params_init is None:
       p.params_init = WeightInit.Xavier(1.0)
     self._params = p
-    self._path = p.name if parent is None else f'{parent.path}/{p.name}'
+    path_name = p.name if self._path_name is None else self._path_name
+    if parent is None:
+      self._path = p.name
+    elif path_name:
+      self._path = f'{parent.path}/{path_name}'
+    else:
+      self._path = parent.path
     seed_name = p.name if self._seed_name is None else self._seed_name
     if parent is None:
       self._seed_path = seed_name
@@ -318,17 +326,21 @@ class BaseLayer(metaclass=_BaseLayerMeta):
     return tf.Variable(value, trainable=wp.trainable, name=path, dtype=dtype)
 
   def CreateChild(self, name: str, params: hyperparams.Params,
-                  seed_name: Optional[str] = None) -> 'BaseLayer':
+                  seed_name: Optional[str] = None,
+                  path_name: Optional[str] = None) -> 'BaseLayer':
     """Builds a child layer from a copy of `params`, as `self.<name>`.
 
     `seed_name` is the child's part of the seed path of its variables
     (default: `name`); '' leaves it out, so the child's variables start
-    as if they belonged to this layer's own subtree directly.
+    as if they belonged to this layer's own subtree directly. `path_name`
+    is the same for the child's path (variable and checkpoint names); ''
+    is for a parent whose children's own children have names unique among
+    all of them (a pipeline's cells).
     """
     self._CheckUnsealed('child', name)
     p = params.Copy()
     p.name = name
-    child = p.cls(p, parent=self, seed_name=seed_name)
+    child = p.cls(p, parent=self, seed_name=seed_name, path_name=path_name)
     self._children[name] = child
     return child
 

@@ -1,39 +1,58 @@
-"""PipeliningLayer: GPipe over a list of partitions on a list of devices.
+"""PipeliningLayer: a pipeline of stages on a list of devices.
 
-The layer holds K cells (partitions), cell k built and run on device k. Its
-FProp splits the batch into M micro-batches, runs F(k, m) for every
-partition and micro-batch in the GPipe order (`schedule.py`) and returns
-the full-batch output of the last partition. It is differentiable: the
-gradient runs B(k, m) in reverse order, each on its partition's device,
-re-computing the forward of (k, m) just before its backward unless the
-recompute mode keeps that partition's activations:
+The layer holds S cells (stages), cell s built and run on device
+s mod K: K = S / V devices, V = p.num_virtual_stages stages on each
+(interleaved schedules; V = 1 otherwise). A batch is split into M
+micro-batches; each device runs its actions (forward or backward of one
+stage on one micro-batch) in the order of a schedule, a table
+(`schedule.py`): 'gpipe', '1f1b' or 'interleaved_1f1b'.
 
-  recompute      partitions re-computed    activations kept until backward
-  'always'       all                       partition inputs only
-  'except_last'  all but the last          + the last partition's
-  'never'        none                      all
+Two ways to run it:
 
-Per device, tasks run strictly in schedule order (control dependencies),
-and gradients of each partition's variables are summed over micro-batches
-in backward order, m = M-1 down to 0. With the same micro-batch split the
+  FProp(theta, inputs)       the differentiable forward, for evaluation,
+                             decoding and callers with their own tape:
+                             every forward, then in the gradient every
+                             backward (GPipe's order whatever p.schedule)
+  FPropWithLoss(theta, inputs, head, head_theta, batch, loss_weight)
+                             one pass of training in p.schedule's order:
+                             each micro-batch's loss (`head`) is computed
+                             on the last device as soon as its forward
+                             ends, so backwards start before all forwards
+                             have run (BaseTask's training step uses it)
+
+A backward re-computes the forward of its (s, m) just before it unless
+the recompute mode keeps that stage's activations:
+
+  recompute      stages re-computed        kept until their backward
+  'always'       all                       stage inputs only
+  'except_last'  all but the last          + the last stage's activations
+  'never'        none                      all activations
+
+Per device, actions run strictly in table order (control dependencies);
+gradients of each stage's variables are summed over micro-batches in the
+order of that stage's backwards. With the same micro-batch split the
 result is bitwise that of running the cells one after the other on one
 device and summing per-micro-batch gradients in that order.
 
-Inputs, outputs and the state between partitions may be any nest (e.g. a
+Inputs, outputs and the state between stages may be any nest (e.g. a
 NestedMap) of tensors of mixed dtypes; every tensor has the batch on axis
 `batch_dim`. Only floating-point tensors carry gradients.
+
+Variable paths leave the cell out when every cell is a list of uniquely
+named layers (as the partitioner makes them): `network/stage0_block3/w`,
+whatever K, V or the schedule, so a checkpoint outlives a re-split.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from lingvo_pipe.core import base_layer
 from lingvo_pipe.core import devices as devices_lib
 from lingvo_pipe.core import pipeline_run
-from lingvo_pipe.core import schedule
+from lingvo_pipe.core import schedule as schedule_lib
 from lingvo_pipe.core.nested_map import NestedMap
 
 RECOMPUTE_MODES = ('always', 'except_last', 'never')
@@ -97,80 +116,96 @@ def _SubNamesAreUnique(cell_tpl: Sequence[Any]) -> bool:
 
 
 class PipeliningLayer(base_layer.BaseLayer):
-  """GPipe: K partitions on K devices, M micro-batches (module docstring).
+  """Pipelined stages on K devices, M micro-batches (module docstring).
 
-  Cells are children `cell_0` .. `cell_{K-1}`, cell k built on device k.
-  When every cell is a SequentialLayer whose sub-layers have names unique
-  across all cells (as `partitioner.PartitionSequentialLayers` makes
-  them), the cell names are left out of the seed paths: initial values
-  and dropout masks are then those of the same layers in one plain
-  SequentialLayer named like this layer, whatever K.
+  Cells are children `cell_0` .. `cell_{S-1}`, cell s built on device
+  s mod K. When every cell is a SequentialLayer whose sub-layers have
+  names unique across all cells (as `partitioner.PartitionSequentialLayers`
+  makes them), the cell names are left out of variable and seed paths:
+  initial values, dropout masks and checkpoint names are then those of
+  the same layers in one plain SequentialLayer named like this layer,
+  whatever the split.
 
-  FProp(theta, inputs) -> outputs of the last partition for the whole
-  batch; `inputs` is a tensor or a nest of tensors [batch, ...].
+  FProp(theta, inputs) -> outputs of the last stage for the whole batch;
+  `inputs` is a tensor or a nest of tensors [batch, ...].
   """
 
   @classmethod
   def Params(cls):
     p = super().Params()
     p.Define('cell_tpl', [],
-             'Layer params of each partition, in order; K = len(cell_tpl).')
+             'Layer params of each stage, in order; S = len(cell_tpl).')
     p.Define('num_micro_batches', 1, 'M, micro-batches per mini-batch.')
     p.Define('micro_batch_size', None,
              'If set, M = batch / micro_batch_size (num_micro_batches is '
              'then ignored).')
     p.Define('batch_dim', 0, 'Batch axis of every input and output tensor.')
     p.Define('devices', None,
-             'Device of each partition: replica r (data parallelism, '
-             'BaseTask train.num_replicas) runs partition k on devices[r * '
-             'K + k], and the variables live on replica 0\'s. None: '
+             'Device of each of the K = S / num_virtual_stages pipeline '
+             'devices: replica r (data parallelism, BaseTask '
+             'train.num_replicas) runs stage s on devices[r * K + s mod K], '
+             "and the variables live on replica 0's. None: "
              'devices.DefaultDevices().')
     p.Define('recompute', 'always', f'One of {RECOMPUTE_MODES}.')
+    p.Define('schedule', 'gpipe',
+             f'Order of the actions in training, one of '
+             f'{schedule_lib.SCHEDULES} (schedule.py).')
+    p.Define('num_virtual_stages', 1,
+             'V, stages per device: stage s runs on device s mod K, K = '
+             "len(cell_tpl) / V. More than 1 with 'interleaved_1f1b' (or "
+             "'gpipe').")
     return p
 
   def __init__(self, params):
     super().__init__(params)
     p = self.params
+    where = f"PipeliningLayer '{self.path}'"
     if not p.cell_tpl:
-      raise ValueError(
-          f"PipeliningLayer '{self.path}' has no partitions; set "
-          'p.cell_tpl to a list of layer params.')
+      raise ValueError(f'{where} has no partitions; set p.cell_tpl to a '
+                       'list of layer params.')
     if p.recompute not in RECOMPUTE_MODES:
-      raise ValueError(
-          f"PipeliningLayer '{self.path}': recompute={p.recompute!r}; use "
-          f'one of {RECOMPUTE_MODES}.')
+      raise ValueError(f'{where}: recompute={p.recompute!r}; use one of '
+                       f'{RECOMPUTE_MODES}.')
     if p.micro_batch_size is None and p.num_micro_batches < 1:
-      raise ValueError(
-          f"PipeliningLayer '{self.path}': num_micro_batches="
-          f'{p.num_micro_batches}; use 1 or more.')
+      raise ValueError(f'{where}: num_micro_batches={p.num_micro_batches}; '
+                       'use 1 or more.')
     if p.micro_batch_size is not None and p.micro_batch_size < 1:
-      raise ValueError(
-          f"PipeliningLayer '{self.path}': micro_batch_size="
-          f'{p.micro_batch_size}; use 1 or more, or None.')
+      raise ValueError(f'{where}: micro_batch_size={p.micro_batch_size}; '
+                       'use 1 or more, or None.')
+    self._num_devices = _CheckSchedule(where, p)
     self._all_devices = ResolveDevices(self.path, p.devices,
-                                       len(p.cell_tpl))
-    seed_name = '' if _SubNamesAreUnique(p.cell_tpl) else None
+                                       self._num_devices)
+    unique = _SubNamesAreUnique(p.cell_tpl)
     self._cells = []
-    for k, cell_p in enumerate(p.cell_tpl):
-      with tf.device(self._all_devices[k]):
-        self._cells.append(
-            self.CreateChild(f'cell_{k}', cell_p, seed_name=seed_name))
+    for s, cell_p in enumerate(p.cell_tpl):
+      with tf.device(self._all_devices[s % self._num_devices]):
+        self._cells.append(self.CreateChild(
+            f'cell_{s}', cell_p, seed_name='' if unique else None,
+            path_name='' if unique else None))
+    if p.micro_batch_size is None:  # the table's errors, at construction
+      self.Table(p.num_micro_batches)
 
   @property
   def devices(self) -> List[str]:
-    """The partitions' devices for the current replica (`self.replica`)."""
+    """The K pipeline devices of the current replica (`self.replica`)."""
     return self.ReplicaDevices(self.replica)
 
+  @property
+  def stage_devices(self) -> List[str]:
+    """The device of each stage in the current replica."""
+    devices = self.devices
+    return [devices[s % len(devices)] for s in range(self.num_partitions)]
+
   def ReplicaDevices(self, replica: int) -> List[str]:
-    """Replica `replica`'s device of each partition."""
-    k = self.num_partitions
+    """Replica `replica`'s K pipeline devices."""
+    k = self._num_devices
     if replica < 0 or (replica + 1) * k > len(self._all_devices):
       raise ValueError(
           f"PipeliningLayer '{self.path}': replica {replica} of {k} "
-          f'partitions needs devices {replica * k}..{(replica + 1) * k - 1}'
+          f'devices needs devices {replica * k}..{(replica + 1) * k - 1}'
           f' but {len(self._all_devices)} are known '
           f'{self._all_devices}; list num_replicas x {k} devices in '
-          'p.devices (replica r, partition k on device r * K + k).')
+          'p.devices (replica r, device d at r * K + d).')
     return list(self._all_devices[replica * k:(replica + 1) * k])
 
   @property
@@ -179,7 +214,23 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   @property
   def num_partitions(self) -> int:
+    """S, the number of stages (cells); K devices when V = 1."""
     return len(self._cells)
+
+  def Table(self, num_micro_batches: int,
+            training: bool = True) -> schedule_lib.Schedule:
+    """The schedule's table for M micro-batches.
+
+    `training=False`: the table FProp runs (GPipe's order), whose forwards
+    come before every backward.
+    """
+    p = self.params
+    name = p.schedule if training else 'gpipe'
+    try:
+      return schedule_lib.Make(name, self._num_devices, num_micro_batches,
+                               p.num_virtual_stages)
+    except ValueError as err:
+      raise ValueError(f"PipeliningLayer '{self.path}': {err}") from None
 
   def NumMicroBatches(self, batch_size: int) -> int:
     """M for a batch of `batch_size`; raises if it does not split evenly."""
@@ -222,45 +273,104 @@ class PipeliningLayer(base_layer.BaseLayer):
           f'size {sorted(sizes)}; they must share axis {axis}.')
     return sizes.pop()
 
-  def _KeepsActivations(self, k: int) -> bool:
+  def KeepsActivations(self, s: int) -> bool:
+    """Whether stage s keeps its activations for its backward (training)."""
     mode = self.params.recompute
     if not self.training:
       return False
     return mode == 'never' or (mode == 'except_last' and
-                               k == self.num_partitions - 1)
+                               s == self.num_partitions - 1)
 
-  def FProp(self, theta: NestedMap, inputs: Any) -> Any:
+  def _Run(self, theta: NestedMap, inputs: Any
+           ) -> Tuple[pipeline_run.PipelineRun, List[tf.Tensor], int]:
     leaves = [tf.convert_to_tensor(x) for x in tf.nest.flatten(inputs)]
     if not leaves:
       raise ValueError(f"PipeliningLayer '{self.path}' got no input tensors.")
     num_micro = self.NumMicroBatches(self._BatchSize(leaves))
     devices = self.devices
     thetas = []
-    for k, dev in enumerate(devices):
+    for s, dev in enumerate(self.stage_devices):
       with tf.device(dev):
-        thetas.append(theta[f'cell_{k}'].Transform(tf.convert_to_tensor))
+        thetas.append(theta[f'cell_{s}'].Transform(tf.convert_to_tensor))
+    stage_devices = [s % len(devices) for s in range(self.num_partitions)]
     run = pipeline_run.PipelineRun(
         layer=self, num_micro_batches=num_micro, in_structure=inputs,
-        thetas=thetas, devices=devices)
-    return run.Call(leaves)
+        thetas=thetas, devices=devices, stage_devices=stage_devices)
+    return run, leaves, num_micro
+
+  def FProp(self, theta: NestedMap, inputs: Any) -> Any:
+    run, leaves, num_micro = self._Run(theta, inputs)
+    return run.Call(leaves, self.Table(num_micro, training=False))
+
+  def FPropWithLoss(self, theta: NestedMap, inputs: Any,
+                    head: pipeline_run.Head, head_theta: Any, batch: Any,
+                    loss_weight: Any) -> NestedMap:
+    """One training pass in p.schedule's order: metrics {name: (value,
+    weight)}, whose 'loss' is differentiable.
+
+    `head(head_theta, outputs, batch)` runs on the last device for each
+    micro-batch: the last stage's `outputs` of it and its slice of `batch`
+    (a nest split like the inputs; scalars go whole), returning metrics
+    with 'loss' (BaseTask.ComputeLoss's form). `head_theta`: every
+    variable the head reads (it must read no other). `loss_weight`: the
+    whole batch's weight of 'loss', known before the first forward; each
+    micro-batch adds loss_m x weight_m / loss_weight, so the loss is the
+    head's weighted mean over the batch. The gradient of 'loss' reaches
+    `inputs`, `theta` and `head_theta`; the other metrics have none.
+    """
+    run, leaves, num_micro = self._Run(theta, inputs)
+    return run.Train(leaves, self.Table(num_micro), head, head_theta, batch,
+                     loss_weight)
 
   def Describe(self, batch_size: int, num_replicas: int = 1) -> str:
-    """A few lines: devices, M, recompute mode, bubble and the timeline.
+    """A few lines: devices, M, schedule, recompute mode, bubble, timeline.
 
-    Each partition's line ends with its trainable parameter count.
+    Each stage's line ends with its trainable parameter count. The bubble
+    is the idle share of the table run with unit forwards and backwards
+    twice as long (schedule.Simulate).
 
-    `batch_size` is one replica's; with several replicas each partition's
+    `batch_size` is one replica's; with several replicas each stage's
     line lists its device in every replica, separated by ' | '.
     """
-    k = self.num_partitions
+    s_total = self.num_partitions
     m = self.NumMicroBatches(batch_size)
+    table = self.Table(m)
+    sim = schedule_lib.Simulate(table)
     where = [self.ReplicaDevices(r) for r in range(num_replicas)]
     head = (f'R={num_replicas} replicas x ' if num_replicas > 1 else '')
-    lines = [f"PipeliningLayer '{self.path}': {head}K={k} partitions, M={m} "
-             f'micro-batches, recompute={self.params.recompute}, bubble '
-             f'{schedule.BubbleFraction(k, m):.1%}']
-    lines += [f'  partition {i}: ' + ' | '.join(d[i] for d in where) +
+    v = self.params.num_virtual_stages
+    stages = (f'K={self._num_devices} devices x V={v} stages'
+              if v > 1 else f'K={s_total} partitions')
+    lines = [f"PipeliningLayer '{self.path}': {head}{stages}, M={m} "
+             f'micro-batches, schedule={table.name}, recompute='
+             f'{self.params.recompute}, bubble {sim.bubble:.1%}, in flight '
+             f'at most {list(sim.peak_device_in_flight)} per device']
+    lines += [f'  partition {i}: ' + ' | '.join(
+        d[i % self._num_devices] for d in where) +
               f' ({base_layer.NumParameters(self.cells[i]):,} parameters)'
-              for i in range(k)]
-    lines.append(schedule.Timeline(k, m))
+              for i in range(s_total)]
+    lines.append(schedule_lib.Timeline(table))
     return '\n'.join(lines)
+
+
+def _CheckSchedule(where: str, p: Any) -> int:
+  """K, the devices per replica; one-line errors for a bad schedule."""
+  if p.schedule not in schedule_lib.SCHEDULES:
+    raise ValueError(f'{where}: schedule={p.schedule!r}; use one of '
+                     f'{schedule_lib.SCHEDULES}.')
+  v = p.num_virtual_stages
+  s_total = len(p.cell_tpl)
+  if not isinstance(v, int) or v < 1 or s_total % v:
+    raise ValueError(
+        f'{where}: num_virtual_stages={v!r} must be a positive divisor of '
+        f'the {s_total} cells (K = cells / V devices).')
+  if p.schedule == 'interleaved_1f1b' and v < 2:
+    raise ValueError(
+        f"{where}: schedule 'interleaved_1f1b' needs num_virtual_stages >= "
+        "2 (and as many times more cells); use '1f1b' for one stage per "
+        'device.')
+  if p.schedule == '1f1b' and v != 1:
+    raise ValueError(
+        f"{where}: schedule '1f1b' runs one stage per device, got "
+        f"num_virtual_stages={v}; use 'interleaved_1f1b'.")
+  return s_total // v

@@ -1,72 +1,73 @@
-"""One pipelined FProp and its gradient: the tasks of `schedule.py` as ops.
+"""One call of a PipeliningLayer: its stage functions and its two entries.
 
-Each partition's work is traced once per FProp, as `tf.function`s that
-the schedule then calls once per micro-batch, so the graph has K x M call
-ops instead of K x M copies of the layers (docs/DESIGN.md section 2):
+Each stage's work is traced once per call, as `tf.function`s that the
+engine (pipeline_engine.py) calls once per action, so the graph has
+S x M call ops instead of S x M copies of the layers (docs/DESIGN.md
+section 2):
 
-  Forward_k(theta_k, x) -> y                 partition k's cell
-  Backward_k(theta_k, x, dy, acc) -> dx, acc + dtheta
+  Forward_s(theta_s, x) -> y                 stage s's cell
+  Backward_s(theta_s, x, dy, acc) -> dx, acc + dtheta
                                              re-computes the cell under a
                                              tape, then its gradient, and
                                              adds it to the running sum
+  Loss(head_theta, y, batch_m, W, acc)       one-pass training only: the
+    -> l_m, metrics_m, dy, acc + dhead       loss of micro-batch m and its
+                                             gradient, on the last device
 
-A partition that keeps its activations (recompute 'never', the last one
-with 'except_last') uses `residuals.SplitCell` instead: a forward that also
+A stage that keeps its activations (recompute 'never', the last one with
+'except_last') uses `residuals.SplitCell` instead: a forward that also
 returns the tensors its gradient reads, and a backward that reads them.
 
-`PipelineRun.Call(leaves)` is a `tf.custom_gradient` function of the input
-tensors and every partition's theta tensors:
+Two entries, both `tf.custom_gradient` functions of the inputs and every
+stage's theta:
 
-  forward:   split inputs into M micro-batches (device 0)
-             for each F(k, m) in schedule order:
-               on device k, after F(k, m-1):  y[k][m] = Forward_k(x[k][m])
-               (keeping: y[k][m], r[k][m] = forward(x[k][m]), r kept
-               until B(k, m))
-             concat y[K-1][*] (device K-1)
-  backward:  split dy into M (device K-1)
-             for each B(k, m) in schedule order:
-               on device k, after B(k, m+1):
-                 acc_k = zeros (m = M-1)
-                 keeping: dx, acc_k = backward(r[k][m], dy[k][m], acc_k)
-                 else, once dy[k][m] is also here:
-                   dx, acc_k = Backward_k(theta_k, x[k][m], dy[k][m], acc_k)
-             concat dx[0][*] (device 0)
+  Call(inputs) -> outputs     the differentiable FProp: every forward of
+                              the table, then (in the gradient) every
+                              backward; with GPipe's table, whatever the
+                              layer's schedule, since all forwards come
+                              before the caller's loss
+  Train(inputs, ...) -> loss  one pass: the whole table, each micro-batch's
+                              loss computed as soon as the last stage's
+                              forward ends; returns the loss and metrics,
+                              and the gradient (computed in the pass) times
+                              d loss
 
-"after" is a control dependency on the previous task of the same device,
-so each device runs its tasks in schedule order whatever the executor
-would prefer. Backward_k traces the cell under `NoStatUpdates`, so
-statistics (BatchNorm) are accumulated once per micro-batch. The
-functions are marked `_noinline`: the runtime runs each call as one
-function instead of pasting K x M copies of the layers back into the
+The functions are marked `_noinline`: the runtime runs each call as one
+function instead of pasting S x M copies of the layers back into the
 graph, so start-up does not grow with M either. The gradient is added to
 the running sum inside the backward call, where the sum takes the fresh
 gradient's buffer: a separate addition would hold a third copy of the
-partition's parameters (docs/DESIGN.md section 28). The first sum starts
-from zeros, so every backward call is the same function, and 0 + g is g.
-
-Within `RecordTasks()` each task also gets runtime timestamps (start, end,
-and a backward's end of re-computation) for `step_trace`, the measured
-timeline; without it the graph has none.
+stage's parameters (docs/DESIGN.md section 28). The first sum starts from
+zeros, so every backward call is the same function, and 0 + g is g.
+Backward_s traces the cell under `NoStatUpdates`, so statistics
+(BatchNorm) are accumulated once per micro-batch.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from typing import Tuple
 
 import tensorflow as tf
 
+from lingvo_pipe.core import input_gradient
+from lingvo_pipe.core import pipeline_engine
 from lingvo_pipe.core import residuals
 from lingvo_pipe.core import schedule
+from lingvo_pipe.core import stamps
+from lingvo_pipe.core.nested_map import NestedMap
 
-# Function attributes of every partition function (see module docstring).
+Leaves = List[Optional[tf.Tensor]]
+# A loss head: (head_theta, last stage's outputs, batch) of one micro-batch
+# -> metrics {name: (value, weight)} with 'loss' (BaseTask.ComputeLoss's).
+Head = Callable[[NestedMap, Any, Any], Mapping[str, Tuple[Any, Any]]]
+
+# Function attributes of every stage function (see module docstring).
 _FUNCTION_ATTRIBUTES = {'_noinline': True}
 
 
 def ShareCallBodies() -> None:
-  """Stops Grappler from copying a partition function for each call.
+  """Stops Grappler from copying a stage function for each call.
 
   Grappler's function optimizer specialises a non-inlined call to its call
   site (when an input is a constant or an output goes unused), and calls
@@ -85,155 +86,6 @@ def CallBodiesShared() -> bool:
   """Whether `ShareCallBodies` is in force."""
   return tf.config.optimizer.get_experimental_options().get(
       'function_optimization') is False
-
-
-@dataclasses.dataclass
-class RecordedTask:
-  """One task's timestamp tensors (seconds since the epoch, float64).
-
-  `start`: its inputs and its device's previous task are done (the task
-  waits for this stamp); `end`: its outputs are ready (for a backward
-  task d inputs and the partition's running sum of gradients, to which
-  the call adds d theta); `recomputed`: a re-computing backward task's
-  re-computation is done, else None.
-  """
-  layer: str
-  device: str
-  phase: str  # 'F' or 'B'
-  partition: int
-  micro_batch: int
-  start: tf.Tensor
-  end: tf.Tensor
-  recomputed: Optional[tf.Tensor] = None
-
-
-class TaskRecorder:
-  """The tasks of every PipelineRun built while it records (RecordTasks)."""
-
-  def __init__(self):
-    self.tasks: List[RecordedTask] = []
-
-  def Tensors(self) -> List[tf.Tensor]:
-    """Every stamp, flat: return them from the function being traced."""
-    return [t for task in self.tasks for t in (
-        task.start, task.end,
-        task.start if task.recomputed is None else task.recomputed)]
-
-
-_recorder: Optional[TaskRecorder] = None
-
-
-@contextlib.contextmanager
-def RecordTasks() -> Iterator[TaskRecorder]:
-  """Within: each PipelineRun built adds timestamps to its tasks.
-
-  Trace the function (its first call) inside; the stamps are tensors of
-  the traced graph, in `recorder.tasks`. They add a control dependency in
-  front of each task and a timestamp op after it; nothing else changes.
-  """
-  global _recorder
-  outer, _recorder = _recorder, TaskRecorder()
-  try:
-    yield _recorder
-  finally:
-    _recorder = outer
-
-
-def _StampHost(device: str) -> str:
-  """The device a stamp of `device` runs on: itself, or its task's CPU."""
-  spec = tf.DeviceSpec.from_string(device)
-  if spec.device_type in (None, 'CPU'):
-    return device
-  return spec.replace(device_type='CPU', device_index=0).to_string()
-
-
-def _NewClock(device: str) -> tf.Tensor:
-  """A resource handle for the stamps of `device` (see _Timestamp)."""
-  global _clock_count
-  _clock_count += 1
-  with tf.device(_StampHost(device)):
-    return tf.raw_ops.VarHandleOp(
-        dtype=tf.float32, shape=[],
-        shared_name=f'lingvo_pipe_clock_{_clock_count}')
-
-
-_clock_count = 0
-
-
-def _TimestampBody(clock: tf.Tensor) -> tf.Tensor:
-  del clock  # Only there to be a resource input of the call (below).
-  return tf.timestamp()
-
-
-# tf.function puts every stateful op without a resource input on one chain
-# in program order (automatic control dependencies): bare tf.timestamp()
-# stamps would make partition 1's first forward wait for partition 0's
-# second. A call with a resource input it only reads is not on that chain.
-_Timestamp = tf.function(_TimestampBody, autograph=False)
-
-
-def _Stamp(device: str, clock: tf.Tensor,
-           deps: Sequence[Optional[tf.Tensor]]) -> tf.Tensor:
-  """A timestamp on `device`'s host once `deps` exist.
-
-  On an accelerator the stamp runs on the CPU of the same task, after a
-  one-element copy of each dep to it: an accelerator op counts as done
-  when it is queued, its value exists only once the copy can run.
-  """
-  deps = [d for d in deps if d is not None]
-  host = _StampHost(device)
-  if host != device:
-    synced = []
-    for d in deps:
-      with tf.device(device):
-        one = tf.reshape(d, [-1])[:1]
-      with tf.device(host):
-        synced.append(tf.identity(one))
-    deps = synced
-  with tf.device(host), tf.control_dependencies(deps):
-    return _Timestamp(clock)
-
-
-def _Present(t: Optional[tf.Tensor]) -> List[tf.Tensor]:
-  return [] if t is None else [t]
-
-
-def _After(deps: Sequence[tf.Tensor]) -> Any:
-  """A scope whose ops run only after the ops producing `deps`."""
-  return tf.control_dependencies(list(deps))
-
-
-# Ops that take a resource but read no variable: a batch from a dataset
-# iterator has no gradient to give.
-_NOT_VARIABLE_READS = frozenset([
-    'IteratorGetNext', 'IteratorGetNextSync', 'IteratorGetNextAsOptional',
-    'OptionalGetValue', 'OptionalHasValue'])
-
-
-def _MayDependOnVariables(tensors: Sequence[tf.Tensor],
-                          limit: int = 20000) -> bool:
-  """Whether some floating tensor here may be computed from a variable.
-
-  Walks the graph back from `tensors`; any op with a resource input
-  (other than a dataset iterator's) counts as reading a variable. True
-  when unsure: eagerly, or past `limit` ops.
-  """
-  if tf.executing_eagerly():
-    return True
-  stack = [t.op for t in tensors if residuals.IsFloat(t)]
-  seen = set()
-  while stack:
-    op = stack.pop()
-    if op.name in seen:
-      continue
-    seen.add(op.name)
-    if len(seen) > limit:
-      return True
-    if op.type not in _NOT_VARIABLE_READS and any(
-        t.dtype == tf.resource for t in op.inputs):
-      return True
-    stack.extend(t.op for t in op.inputs)
-  return False
 
 
 def _FirstLine(err: Exception) -> str:
@@ -257,69 +109,102 @@ def _OnDevice(fn: Callable[..., Any], device: str) -> Callable[..., Any]:
                      experimental_attributes=_FUNCTION_ATTRIBUTES)
 
 
+def _Floats(leaves: Sequence[Optional[tf.Tensor]]) -> List[tf.Tensor]:
+  return [t for t in leaves if t is not None and residuals.IsFloat(t)]
+
+
+def _Split(leaves: Leaves, num: int, axis: int, device: str
+           ) -> Dict[int, Leaves]:
+  """[leaf] -> {micro-batch: [leaf]}; a None leaf stays None, a scalar
+  goes whole to every micro-batch."""
+  with tf.device(device), tf.name_scope('split'):
+    parts = [[x] * num if x is None or not x.shape.rank else
+             tf.split(x, num, axis=axis) for x in leaves]
+  return {m: [p[m] for p in parts] for m in range(num)}
+
+
+def _Concat(per_micro: Dict[int, Leaves], axis: int, device: str) -> Leaves:
+  """{micro-batch: [leaf]} -> [leaf], None where a leaf has no values."""
+  out = []
+  rows = [per_micro[m] for m in sorted(per_micro)]
+  with tf.device(device), tf.name_scope('concat'):
+    for i in range(len(rows[0])):
+      column = [row[i] for row in rows]
+      out.append(None if any(c is None for c in column) else
+                 tf.concat(column, axis=axis))
+  return out
+
+
 class PipelineRun:
-  """The ops of one FProp of a PipeliningLayer (see module docstring)."""
+  """The ops of one call of a PipeliningLayer (module docstring)."""
 
   def __init__(self, layer: Any, num_micro_batches: int, in_structure: Any,
-               thetas: List[Any], devices: List[str]):
+               thetas: List[Any], devices: List[str],
+               stage_devices: Sequence[int]):
     self._layer = layer
     self._cells = layer.cells
-    self._devices = list(devices)
     self._axis = layer.params.batch_dim
-    self._k = len(self._cells)
+    self._s = len(self._cells)
     self._m = num_micro_batches
     self._thetas = thetas
+    self._stage_devices = list(stage_devices)
+    self._devices = [devices[d] for d in self._stage_devices]  # per stage
     self._out_structure = None
-    # Per (k, m): the partition's input leaves, and when it keeps its
+    # Per (s, m): the stage's input leaves, and when it keeps its
     # activations, its outputs and residuals.
-    self._x: Dict[Tuple[int, int], List[tf.Tensor]] = {}
-    self._kept: Dict[Tuple[int, int],
-                     Tuple[List[tf.Tensor], List[tf.Tensor]]] = {}
-    # Partition k's input structure (k = 0: the pipeline's inputs).
+    self._x: Dict[Tuple[int, int], Leaves] = {}
+    self._kept: Dict[Tuple[int, int], Tuple[Leaves, Leaves]] = {}
+    # Stage s's input structure (s = 0: the pipeline's inputs).
     self._structures: Dict[int, Any] = {0: in_structure}
-    # Full-batch outputs, and each device's last forward task's outputs.
-    self._outputs: List[tf.Tensor] = []
-    self._last_forward: Dict[int, List[tf.Tensor]] = {}
-    self._recorder = _recorder
-    # One clock handle per device, made before any task (_Timestamp).
-    self._clocks = ({d: _NewClock(d) for d in self._devices}
-                    if _recorder is not None else {})
-    self._ends: Dict[Tuple[str, int, int], tf.Tensor] = {}
-    self._forward_fns = [_OnDevice(self._ForwardFn(k), d)
-                         for k, d in enumerate(self._devices)]
-    self._backward_fns = [_OnDevice(self._BackwardFn(k, d), d)
-                          for k, d in enumerate(self._devices)]
-    # Partition 0 without its input gradient, and that gradient alone (see
-    # _BackwardTask); made only when the inputs come from no variable.
+    self._theta_leaves = [tf.nest.flatten(t) for t in thetas]
+    self._acc: List[Optional[Leaves]] = [None] * self._s
+    self._engine = pipeline_engine.Engine(
+        self, devices, self._stage_devices, layer.path, self._CheckBatch)
+    self._forward_fns = [_OnDevice(self._ForwardFn(s), d)
+                         for s, d in enumerate(self._devices)]
+    self._backward_fns = [_OnDevice(self._BackwardFn(s, d), d)
+                          for s, d in enumerate(self._devices)]
+    # Stage 0 without its input gradient, and that gradient alone
+    # (input_gradient.py); made only when the rule says so.
     self._backward_0_no_dx: Optional[Callable[..., Any]] = None
     self._input_gradient_fn: Optional[Callable[..., Any]] = None
     self._split_cells = {
-        k: residuals.SplitCell(f'cell_{k}', self._ForwardFn(k),
+        s: residuals.SplitCell(f'cell_{s}', self._ForwardFn(s),
                                lambda fn, d=d: _OnDevice(fn, d))
-        for k, d in enumerate(self._devices)
-        if layer._KeepsActivations(k)}  # pylint: disable=protected-access
+        for s, d in enumerate(self._devices)
+        if layer.KeepsActivations(s)}
+    # One-pass training (Train): the loss head and what it reads.
+    self._head: Optional[Head] = None
+    self._head_fn: Optional[Callable[..., Any]] = None
+    self._head_theta: Leaves = []
+    self._head_structure: Any = None
+    self._side: Dict[int, Leaves] = {}
+    self._side_structure: Any = None
+    self._total_weight: Optional[tf.Tensor] = None
+    self._head_acc: Optional[Leaves] = None
+    self._losses: Dict[int, Tuple[tf.Tensor, List[tf.Tensor]]] = {}
+    self._metric_names: List[str] = []
 
-  # ---- the partition functions ------------------------------------------
+  # ---- the stage functions -----------------------------------------------
 
-  def _ForwardFn(self, k: int) -> Callable[..., Any]:
+  def _ForwardFn(self, s: int) -> Callable[..., Any]:
     def Forward(theta_leaves, x):
-      return self._Cell(k, list(theta_leaves), list(x))
-    Forward.__name__ = f'cell_{k}_forward'
+      return self._Cell(s, list(theta_leaves), list(x))
+    Forward.__name__ = f'cell_{s}_forward'
     return Forward
 
-  def _BackwardFn(self, k: int, device: str,
+  def _BackwardFn(self, s: int, device: str,
                   input_gradient: bool = True) -> Callable[..., Any]:
-    """B(k, m)'s call: (dx, acc + dtheta[, recomputed]); dx None if unwanted."""
-    stamp = self._recorder is not None
+    """B(s, m)'s call: (dx, acc + dtheta[, recomputed]); dx None if unwanted."""
+    stamp = stamps.Current() is not None
 
     def Backward(theta_leaves, x, dy, acc, *clock):
       theta_leaves, x = list(theta_leaves), list(x)
       sources = x if input_gradient else []
       tape = tf.GradientTape(watch_accessed_variables=False)
-      with tape, self._cells[k].NoStatUpdates():
-        tape.watch([t for t in sources + theta_leaves
-                    if residuals.IsFloat(t)])
-        y = self._Cell(k, theta_leaves, x)
+      with tape, self._cells[s].NoStatUpdates():
+        tape.watch(_Floats(sources + theta_leaves))
+        y = self._Cell(s, theta_leaves, x)
 
       def Grads():
         dx, dtheta = residuals.Gradients(tape, y, list(dy), sources,
@@ -330,259 +215,296 @@ class PipelineRun:
       if not stamp:
         return Grads()
       # Recording: the gradient ops start after the re-computation's stamp.
-      recomputed = _Stamp(device, clock[0], y)
+      recomputed = stamps.Stamp(device, clock[0], y)
       with tf.control_dependencies([recomputed]):
         dx, dtheta = Grads()
       return dx, dtheta, recomputed
-    Backward.__name__ = (f'cell_{k}_backward' if input_gradient else
-                         f'cell_{k}_backward_without_input_gradient')
+    Backward.__name__ = (f'cell_{s}_backward' if input_gradient else
+                         f'cell_{s}_backward_without_input_gradient')
     return Backward
 
-  def _InputGradientFn(self) -> Callable[..., Any]:
-    """d(pipeline inputs) of one micro-batch alone: partition 0 again."""
+  def _Cell(self, s: int, theta_leaves: List[tf.Tensor],
+            x: List[tf.Tensor]) -> List[tf.Tensor]:
+    """Stage s's cell on flat leaves; records its output structure."""
+    inputs = tf.nest.pack_sequence_as(self._structures[s], x)
+    try:
+      out = self._cells[s].FProp(
+          tf.nest.pack_sequence_as(self._thetas[s], theta_leaves), inputs)
+    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as err:
+      source = ('the pipeline inputs' if s == 0 else
+                f"the output of partition {s - 1} ('cell_{s - 1}')")
+      raise ValueError(
+          f"PipeliningLayer '{self._layer.path}': partition {s} "
+          f"('cell_{s}') cannot take {source} of shapes {_Shapes(inputs)}: "
+          f'{_FirstLine(err)}') from err
+    self._structures[s + 1] = out
+    return tf.nest.flatten(out)
 
-    def InputGradient(theta_leaves, x, dy):
-      theta_leaves, x = list(theta_leaves), list(x)
-      tape = tf.GradientTape(watch_accessed_variables=False)
-      with tape, self._cells[0].NoStatUpdates():
-        tape.watch([t for t in x if residuals.IsFloat(t)])
-        y = self._Cell(0, theta_leaves, x)
-      return residuals.Gradients(tape, y, list(dy), x, [])[0]
-    InputGradient.__name__ = 'cell_0_input_gradient'
-    return InputGradient
+  def _CheckBatch(self, s: int, m: int, x: Leaves, y: Leaves) -> None:
+    want = x[0].shape[self._axis]
+    for t in y:
+      if t.shape.rank is None or t.shape.rank <= self._axis or (
+          t.shape[self._axis] != want):
+        raise ValueError(
+            f"PipeliningLayer '{self._layer.path}': partition {s} "
+            f"('cell_{s}') returned shape {t.shape}; every output needs "
+            f'the micro-batch ({want}) on axis {self._axis}.')
 
-  # ---- recording (RecordTasks) -----------------------------------------
-
-  def _Begin(self, k: int, deps: List[Optional[tf.Tensor]],
-             producers: List[Tuple[str, int, int]]) -> Optional[tf.Tensor]:
-    """A task's start stamp when recording (the task must wait for it).
-
-    It waits for the task's inputs and its device's previous task, and for
-    the end stamps of the tasks that made its inputs: a stamp runs when a
-    thread is free, so a consumer's start could otherwise be stamped before
-    its producer's end.
-    """
-    if self._recorder is None:
-      return None
-    device = self._devices[k]
-    return _Stamp(device, self._clocks[device],
-                  list(deps) + [self._ends[p] for p in producers])
-
-  def _Finish(self, phase: str, k: int, m: int, start: Optional[tf.Tensor],
-              outputs: List[Optional[tf.Tensor]],
-              recomputed: Optional[tf.Tensor] = None) -> Optional[tf.Tensor]:
-    """A task's end stamp when recording; records the task."""
-    if self._recorder is None:
-      return None
-    device = self._devices[k]
-    end = self._ends[(phase, k, m)] = _Stamp(device, self._clocks[device],
-                                             outputs)
-    self._recorder.tasks.append(RecordedTask(
-        self._layer.path, device, phase, k, m, start, end, recomputed))
-    return end
-
-  # ---- forward ---------------------------------------------------------
-
-  def Call(self, leaves: List[tf.Tensor]) -> Any:
-    theta_leaves = [tf.nest.flatten(t) for t in self._thetas]
-    sizes = [len(t) for t in theta_leaves]
-    num_in = len(leaves)
-    if 0 not in self._split_cells and not _MayDependOnVariables(leaves):
+  def _PrepareInputGradient(self, leaves: Leaves) -> None:
+    if input_gradient.Separate(0 in self._split_cells, leaves):
       device = self._devices[0]
       self._backward_0_no_dx = _OnDevice(
           self._BackwardFn(0, device, input_gradient=False), device)
-      self._input_gradient_fn = _OnDevice(self._InputGradientFn(), device)
+      self._input_gradient_fn = _OnDevice(input_gradient.InputGradientBody(
+          lambda t, x: self._Cell(0, t, x), self._cells[0].NoStatUpdates),
+                                          device)
+
+  # ---- StageOps: what each action computes --------------------------------
+
+  def Forward(self, s: int, m: int, x: Leaves) -> Leaves:
+    self._x[(s, m)] = x
+    if s not in self._split_cells:
+      return list(self._forward_fns[s](self._theta_leaves[s], x))
+    y, kept = self._split_cells[s].Forward(self._theta_leaves[s], x)
+    self._kept[(s, m)] = (list(y), list(kept))
+    return list(y)
+
+  def Backward(self, s: int, m: int, dy: Leaves, clock: Optional[tf.Tensor]
+               ) -> Tuple[Leaves, Leaves, Optional[tf.Tensor]]:
+    """B(s, m) (pipeline_engine.StageOps)."""
+    theta_leaves = self._theta_leaves[s]
+    x = self._x.pop((s, m))
+    if self._acc[s] is None:
+      with tf.name_scope('zeros'):
+        self._acc[s] = [tf.zeros_like(t) if residuals.IsFloat(t) else None
+                        for t in theta_leaves]
+    acc = self._acc[s]
+    if s in self._split_cells:
+      y, kept = self._kept.pop((s, m))
+      dx, sums = self._split_cells[s].Backward(theta_leaves, x, kept, dy, y,
+                                               acc)
+      self._acc[s] = list(sums)
+      return list(dx), list(sums), None
+    # Re-computation starts once this device's previous action is done AND
+    # dy is here (a data input of the call): otherwise the executor may
+    # re-compute while stage s+1 is still busy and hold the activations.
+    clock_args = [clock] if clock is not None else []
+    if s == 0 and self._input_gradient_fn is not None and (
+        input_gradient.IsStateful(self._input_gradient_fn, theta_leaves, x,
+                                  dy)):
+      # A stateful call always runs: it would re-compute for nothing.
+      self._backward_0_no_dx = self._input_gradient_fn = None
+    if s == 0 and self._backward_0_no_dx is not None:
+      out = self._backward_0_no_dx(theta_leaves, x, dy, acc, *clock_args)
+      dx = self._input_gradient_fn(theta_leaves, x, dy)
+    else:
+      out = self._backward_fns[s](theta_leaves, x, dy, acc, *clock_args)
+      dx = out[0]
+    self._acc[s] = list(out[1])
+    recomputed = out[2] if clock is not None else None
+    return list(dx), list(out[1]), recomputed
+
+  def Loss(self, m: int, y: Leaves) -> Tuple[Leaves, Leaves]:
+    """Micro-batch m's loss and d y, on the last device (Train)."""
+    self._out_structure = self._structures[self._s]
+    if self._head_acc is None:
+      with tf.name_scope('zeros'):
+        self._head_acc = [tf.zeros_like(t) if residuals.IsFloat(t) else None
+                          for t in self._head_theta]
+    loss, metrics, dy, self._head_acc = self._head_fn(
+        self._head_theta, y, self._side[m], self._total_weight,
+        self._head_acc)
+    self._losses[m] = (loss, list(metrics))
+    return list(dy), [loss] + [t for t in self._head_acc if t is not None]
+
+  def _HeadFn(self) -> Callable[..., Any]:
+    """The loss of one micro-batch, its share of the whole batch's, and
+    the gradients of that share (module docstring)."""
+
+    def Loss(head_theta, y, side, total_weight, acc):
+      head_theta, y = list(head_theta), list(y)
+      tape = tf.GradientTape(watch_accessed_variables=False)
+      with tape:
+        tape.watch(_Floats(y + head_theta))
+        metrics = self._head(
+            tf.nest.pack_sequence_as(self._head_structure, head_theta),
+            tf.nest.pack_sequence_as(self._out_structure, y),
+            tf.nest.pack_sequence_as(self._side_structure, list(side)))
+        value, weight = self._CheckedMetrics(metrics)
+        share = tf.stop_gradient(tf.cast(weight, value.dtype) /
+                                 tf.cast(total_weight, value.dtype))
+        loss = value * share
+      sources = [t for t in y + head_theta]
+      floats = [t is not None and residuals.IsFloat(t) for t in sources]
+      grads = iter(tape.gradient(loss, [t for t, f in zip(sources, floats)
+                                        if f]))
+      full = [next(grads) if f else None for f in floats]
+      dy, dhead = full[:len(y)], full[len(y):]
+      flat = [v for name in self._metric_names for v in (
+          tf.convert_to_tensor(metrics[name][0]),
+          tf.convert_to_tensor(metrics[name][1]))]
+      new_acc = [None if a is None else (a if g is None else a + g)
+                 for a, g in zip(acc, dhead)]
+      return loss, flat, dy, new_acc
+
+    Loss.__name__ = 'loss_head'
+    return Loss
+
+  def _CheckedMetrics(self, metrics: Any) -> Tuple[tf.Tensor, tf.Tensor]:
+    where = f"PipeliningLayer '{self._layer.path}'"
+    if not isinstance(metrics, Mapping) or 'loss' not in metrics:
+      raise ValueError(f"{where}: the loss head must return metrics with a "
+                       f"'loss' entry, got {metrics!r}.")
+    for name, pair in metrics.items():
+      if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise ValueError(f'{where}: loss head metric {name!r} must be a '
+                         f'(value, weight) pair, got {pair!r}.')
+    self._metric_names = sorted(metrics)
+    value, weight = metrics['loss']
+    return tf.convert_to_tensor(value), tf.convert_to_tensor(weight)
+
+  # ---- the differentiable FProp -------------------------------------------
+
+  def Call(self, leaves: Leaves, table: schedule.Schedule) -> Any:
+    """The pipeline's outputs for the whole batch; differentiable."""
+    self._PrepareInputGradient(leaves)
+    num_in = len(leaves)
+    sizes = [len(t) for t in self._theta_leaves]
 
     @tf.custom_gradient
     def Run(*args):
-      xs = list(args[:num_in])
-      flat_thetas, start = [], num_in
-      for size in sizes:
-        flat_thetas.append(list(args[start:start + size]))
-        start += size
-      outputs = self._Forward(xs, flat_thetas)
+      self._theta_leaves = _Unflatten(list(args[num_in:]), sizes)
+      flow = pipeline_engine.Flow(inputs=_Split(
+          list(args[:num_in]), self._m, self._axis, self._devices[0]))
+      self._engine.Run(table.Only('F'), flow)
+      self._out_structure = self._structures[self._s]
+      outputs = _Concat(flow.outputs, self._axis, self._devices[-1])
 
       def Grad(*dys):
-        return self._Backward(list(dys), flat_thetas)
+        # An output without a gradient (None) stays None: it contributes
+        # nothing, and a zero tensor here would be a constant that Grappler
+        # specialises every call of the last stage's backward for.
+        dys = [dy if residuals.IsFloat(y) else None
+               for dy, y in zip(dys, outputs)]
+        back = pipeline_engine.Flow(output_grads=_Split(
+            dys, self._m, self._axis, self._devices[-1]))
+        self._engine.Run(table.Only('B'), back)
+        dxs = _Concat(back.input_grads, self._axis, self._devices[0])
+        return dxs + [g for part in self._acc for g in part]
 
       return outputs, Grad
 
-    flat_theta_args = [x for t in theta_leaves for x in t]
-    flat_out = Run(*leaves, *flat_theta_args)
+    flat_out = Run(*leaves, *[x for t in self._theta_leaves for x in t])
     if not isinstance(flat_out, (list, tuple)):
       flat_out = [flat_out]
     return tf.nest.pack_sequence_as(self._out_structure, list(flat_out))
 
-  def _Split(self, leaves: List[Optional[tf.Tensor]], device: str
-             ) -> List[List[Optional[tf.Tensor]]]:
-    """[leaf] -> [micro-batch][leaf]; a None leaf stays None."""
-    with tf.device(device), tf.name_scope('split'):
-      parts = [[None] * self._m if x is None else
-               tf.split(x, self._m, axis=self._axis) for x in leaves]
-    return [[p[m] for p in parts] for m in range(self._m)]
+  # ---- one-pass training --------------------------------------------------
 
-  def _Concat(self, per_micro: List[List[Optional[tf.Tensor]]], device: str
-              ) -> List[Optional[tf.Tensor]]:
-    """[micro-batch][leaf] -> [leaf], None where a leaf has no values."""
-    out = []
-    with tf.device(device), tf.name_scope('concat'):
-      for i in range(len(per_micro[0])):
-        column = [row[i] for row in per_micro]
-        if any(c is None for c in column):
-          out.append(None)
-        else:
-          out.append(tf.concat(column, axis=self._axis))
+  def Train(self, leaves: Leaves, table: schedule.Schedule, head: Head,
+            head_theta: Any, batch: Any, total_weight: tf.Tensor
+            ) -> NestedMap:
+    """Runs the whole table once; metrics {name: (value, weight)}.
+
+    `batch` (any nest, batch on the pipeline's batch axis; scalars go to
+    every micro-batch) is split like the inputs and given to `head` with
+    the last stage's outputs of the same micro-batch. `total_weight` is
+    the whole batch's weight of the 'loss' metric: micro-batch m adds
+    value_m * weight_m / total_weight to the loss, so the loss is the
+    same weighted mean as the head's on the whole batch. Only the loss is
+    differentiable; its gradient reaches the inputs, every stage's theta
+    and `head_theta`.
+    """
+    self._PrepareInputGradient(leaves)
+    last = self._devices[-1]
+    self._head = head
+    self._head_structure = head_theta
+    with tf.device(last):
+      head_leaves = [tf.convert_to_tensor(t)
+                     for t in tf.nest.flatten(head_theta)]
+      self._total_weight = tf.convert_to_tensor(total_weight)
+    side = [tf.convert_to_tensor(t) for t in tf.nest.flatten(batch)]
+    self._side_structure = batch
+    self._side = _Split(side, self._m, self._axis, last)
+    self._head_fn = _OnDevice(self._HeadFn(), last)
+    num_in = len(leaves)
+    sizes = [len(t) for t in self._theta_leaves]
+
+    @tf.custom_gradient
+    def Run(*args):
+      self._theta_leaves = _Unflatten(list(args[num_in:-len(head_leaves)]
+                                           if head_leaves else
+                                           args[num_in:]), sizes)
+      self._head_theta = list(args[len(args) - len(head_leaves):])
+      flow = pipeline_engine.Flow(inputs=_Split(
+          list(args[:num_in]), self._m, self._axis, self._devices[0]))
+      self._engine.Run(table, flow, with_loss=True)
+      loss, metrics = self._Combine(last)
+      grads = (_Concat(flow.input_grads, self._axis, self._devices[0]) +
+               [g for part in self._acc for g in part] +
+               list(self._head_acc))
+      devices = ([self._devices[0]] * num_in +
+                 [self._devices[s] for s, n in enumerate(sizes)
+                  for _ in range(n)] + [last] * len(head_leaves))
+
+      def Grad(dloss, *unused_metric_grads, variables=None):
+        if variables:
+          raise ValueError(
+              f"PipeliningLayer '{self._layer.path}': the loss head reads "
+              f'variables {[v.name for v in variables]} directly; pass '
+              'them in its head_theta.')
+        out = []
+        for g, device in zip(grads, devices):
+          if g is None:
+            out.append(None)
+            continue
+          with tf.device(device):
+            out.append(g * tf.cast(dloss, g.dtype))
+        return out
+
+      return [loss] + metrics, Grad
+
+    flat = Run(*leaves, *[x for t in self._theta_leaves for x in t],
+               *head_leaves)
+    out = NestedMap()
+    for i, name in enumerate(self._metric_names):
+      out[name] = (flat[1 + 2 * i], flat[2 + 2 * i])
+    out.loss = (flat[0], out.loss[1])
     return out
 
-  def _Forward(self, xs: List[tf.Tensor],
-               thetas: List[List[tf.Tensor]]) -> List[tf.Tensor]:
-    micro = self._Split(xs, self._devices[0])
-    state = {(0, m): micro[m] for m in range(self._m)}
-    last_on_device = self._last_forward
-    outputs = [None] * self._m
-    for task in schedule.GPipeSchedule(self._k, self._m, backward=False):
-      k, m = task.partition, task.micro_batch
-      with tf.device(self._devices[k]), tf.name_scope(f'cell_{k}/fwd_{m}'):
-        x = state.pop((k, m))
-        self._x[(k, m)] = x
-        after = list(last_on_device.get(k, []))
-        start = self._Begin(k, after + x, [('F', k - 1, m)] if k else [])
-        with _After(after + _Present(start)):
-          y_leaves = self._RunForward(k, m, thetas[k], x)
-        end = self._Finish('F', k, m, start, y_leaves)
-      self._CheckBatch(k, m, y_leaves)
-      last_on_device[k] = y_leaves + _Present(end)
-      if k + 1 < self._k:
-        state[(k + 1, m)] = y_leaves
-      else:
-        outputs[m] = y_leaves
-    self._out_structure = self._structures[self._k]
-    self._outputs = self._Concat(outputs, self._devices[-1])
-    return self._outputs
+  def _Combine(self, device: str) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+    """The loss (sum of the micro-batches' shares, m = 0, 1, ...) and every
+    metric's (weighted mean, total weight), flat."""
+    with tf.device(device), tf.name_scope('metrics'):
+      losses = [self._losses[m][0] for m in range(self._m)]
+      loss = losses[0]
+      for share in losses[1:]:
+        loss = loss + share
+      flat = []
+      for i in range(len(self._metric_names)):
+        values = [self._losses[m][1][2 * i] for m in range(self._m)]
+        weights = [tf.cast(self._losses[m][1][2 * i + 1], values[0].dtype)
+                   for m in range(self._m)]
+        total = tf.add_n(weights)
+        flat += [tf.math.divide_no_nan(
+            tf.add_n([v * w for v, w in zip(values, weights)]), total), total]
+      i = self._metric_names.index('loss')
+      check = tf.debugging.assert_near(
+          flat[2 * i + 1], tf.cast(self._total_weight, flat[2 * i + 1].dtype),
+          rtol=1e-6, message=(
+              f"PipeliningLayer '{self._layer.path}': the loss weights of "
+              'the micro-batches do not add up to the total weight given; '
+              "make the task's LossWeight(batch) the sum of ComputeLoss's "
+              "'loss' weights"))
+      with tf.control_dependencies([check]):
+        loss = tf.identity(loss)
+    return loss, flat
 
-  def _RunForward(self, k: int, m: int, theta_leaves: List[tf.Tensor],
-                  x: List[tf.Tensor]) -> List[tf.Tensor]:
-    if k not in self._split_cells:
-      return list(self._forward_fns[k](theta_leaves, x))
-    y, kept = self._split_cells[k].Forward(theta_leaves, x)
-    self._kept[(k, m)] = (list(y), list(kept))
-    return list(y)
 
-  def _Cell(self, k: int, theta_leaves: List[tf.Tensor],
-            x: List[tf.Tensor]) -> List[tf.Tensor]:
-    """Partition k's cell on flat leaves; records its output structure."""
-    inputs = tf.nest.pack_sequence_as(self._structures[k], x)
-    try:
-      out = self._cells[k].FProp(
-          tf.nest.pack_sequence_as(self._thetas[k], theta_leaves), inputs)
-    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as err:
-      source = ('the pipeline inputs' if k == 0 else
-                f"the output of partition {k - 1} ('cell_{k - 1}')")
-      raise ValueError(
-          f"PipeliningLayer '{self._layer.path}': partition {k} "
-          f"('cell_{k}') cannot take {source} of shapes {_Shapes(inputs)}: "
-          f'{_FirstLine(err)}') from err
-    self._structures[k + 1] = out
-    return tf.nest.flatten(out)
-
-  def _CheckBatch(self, k: int, m: int, leaves: List[tf.Tensor]) -> None:
-    want = self._x[(k, m)][0].shape[self._axis]
-    for y in leaves:
-      if y.shape.rank is None or y.shape.rank <= self._axis or (
-          y.shape[self._axis] != want):
-        raise ValueError(
-            f"PipeliningLayer '{self._layer.path}': partition {k} "
-            f"('cell_{k}') returned shape {y.shape}; every output needs "
-            f'the micro-batch ({want}) on axis {self._axis}.')
-
-  # ---- backward --------------------------------------------------------
-
-  def _Backward(self, dys: List[Optional[tf.Tensor]],
-                thetas: List[List[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
-    # An output without a gradient (None) stays None: it contributes
-    # nothing, and a zero tensor here would be a constant that Grappler
-    # specialises every call of the last partition's backward for.
-    last = self._devices[-1]
-    dys = [dy if residuals.IsFloat(y) else None
-           for dy, y in zip(dys, self._outputs)]
-    micro_dy = self._Split(dys, last)
-    dstate = {(self._k - 1, m): micro_dy[m] for m in range(self._m)}
-    acc: List[Optional[List[Optional[tf.Tensor]]]] = [None] * self._k
-    last_on_device = dict(self._last_forward)
-    dx0: List[Optional[List[Optional[tf.Tensor]]]] = [None] * self._m
-    for task in schedule.GPipeSchedule(self._k, self._m):
-      if task.phase != 'B':
-        continue
-      k, m = task.partition, task.micro_batch
-      with tf.device(self._devices[k]), tf.name_scope(f'cell_{k}/bwd_{m}'):
-        dx, acc[k], stamps = self._BackwardTask(
-            k, m, thetas[k], dstate.pop((k, m)), last_on_device[k], acc[k])
-        # The task ends with its outputs, the running sum included. Nothing
-        # here may depend on the first partition's input gradient: the
-        # caller often has no use for it (images, token ids) and then the
-        # runtime prunes it.
-        mine = acc[k] if k == 0 else dx + acc[k]
-        end = self._Finish('B', k, m, stamps[0], mine, stamps[1])
-      last_on_device[k] = [t for t in (dx if k > 0 else []) + acc[k]
-                           if t is not None] + _Present(end)
-      if k > 0:
-        dstate[(k - 1, m)] = dx
-      else:
-        dx0[m] = dx
-    dxs = self._Concat(dx0, self._devices[0])
-    return dxs + [g for part in acc for g in part]
-
-  def _BackwardTask(self, k: int, m: int, theta_leaves: List[tf.Tensor],
-                    dy: List[Optional[tf.Tensor]], after: List[tf.Tensor],
-                    acc: Optional[List[Optional[tf.Tensor]]]
-                    ) -> Tuple[List[Optional[tf.Tensor]],
-                               List[Optional[tf.Tensor]],
-                               Tuple[Optional[tf.Tensor],
-                                     Optional[tf.Tensor]]]:
-    """B(k, m): (d inputs, acc + d theta_k, stamps), None where not floating.
-
-    `acc`: the running sum of partition k's gradients, None at its first
-    task (the sum then starts from zeros, made when the task starts).
-    stamps: (start, recomputed) when recording (RecordTasks), recomputed
-    None without re-computation; (None, None) otherwise.
-    """
-    x = self._x.pop((k, m))
-    y, kept = self._kept.pop((k, m), ([], []))  # the forward's, if kept
-    start = self._Begin(k, after + x + list(dy) + y + kept,
-                        [('B', k + 1, m)] if k + 1 < self._k else [])
-    after = list(after) + _Present(start)
-    if acc is None:
-      with _After(after), tf.name_scope('zeros'):
-        acc = [tf.zeros_like(t) if residuals.IsFloat(t) else None
-               for t in theta_leaves]
-    if k in self._split_cells:
-      with _After(after):
-        dx, dtheta = self._split_cells[k].Backward(theta_leaves, x, kept, dy,
-                                                   y, acc)
-      return list(dx), list(dtheta), (start, None)
-    # Re-compute only once this device's previous backward is done AND
-    # the gradient from partition k+1 is here (a data input of the call):
-    # otherwise the executor may re-compute while partition k+1 is still
-    # busy and hold this partition's activations meanwhile.
-    clock = [self._clocks[self._devices[k]]] if self._recorder else []
-    if k == 0 and self._input_gradient_fn is not None and (
-        self._input_gradient_fn.get_concrete_function(
-            theta_leaves, x, dy).function_def.signature.is_stateful):
-      # A stateful call always runs: it would re-compute for nothing.
-      self._backward_0_no_dx = self._input_gradient_fn = None
-    if k == 0 and self._backward_0_no_dx is not None:
-      # The inputs come from no variable: the caller most likely wants no
-      # gradient of them (images, a batch it did not watch). B(0, m) then
-      # leaves it out, and a separate call re-computes partition 0 for
-      # it; nothing depends on that call unless the caller uses d(inputs)
-      # (a tape that watched them), so otherwise the runtime prunes it.
-      with _After(after):
-        out = self._backward_0_no_dx(theta_leaves, x, dy, acc, *clock)
-        dx = self._input_gradient_fn(theta_leaves, x, dy)
-      recomputed = out[2] if self._recorder is not None else None
-      return list(dx), list(out[1]), (start, recomputed)
-    with _After(after):
-      out = self._backward_fns[k](theta_leaves, x, dy, acc, *clock)
-    recomputed = out[2] if self._recorder is not None else None
-    return list(out[0]), list(out[1]), (start, recomputed)
-
+def _Unflatten(flat: List[tf.Tensor], sizes: Sequence[int]
+               ) -> List[List[tf.Tensor]]:
+  out, start = [], 0
+  for size in sizes:
+    out.append(list(flat[start:start + size]))
+    start += size
+  return out

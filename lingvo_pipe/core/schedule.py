@@ -1,86 +1,407 @@
-"""The GPipe schedule: which partition runs which micro-batch, and when.
+"""Pipeline schedules as tables: which device runs which action, in order.
 
-K partitions, M micro-batches. Forward task F(k, m) runs at clock tick
-k + m; backward task B(k, m) runs in reverse, after every forward:
+A schedule is data. S stages (the pipeline's cells) run on K devices,
+stage s on device `stage_devices[s]`; M micro-batches flow through them.
+An action is one unit of work on one micro-batch:
 
-  tick:   0   1   2   3   4   5   6   7
-  dev 0:  F0  F1  F2  .   .   B2  B1  B0
-  dev 1:  .   F0  F1  F2  B2  B1  B0  .
+  F(s, m)  forward of stage s on micro-batch m (the last stage's forward
+           also computes that micro-batch's loss when training)
+  B(s, m)  backward: d(stage input) and d(stage variables) of micro-batch m
 
-  (K=2, M=3, digits are micro-batches; F(k, m) at tick k + m, B(k, m)
-  at tick 2(M+K-1) - 1 - (k + m).)
+`order[d]` lists device d's actions in the order it runs them; the
+pipeline emits them in exactly that order (control dependencies), so a
+new schedule is a new table and nothing else. Generators (K=2, M=4,
+digits are micro-batches, stage s on device s mod K):
 
-Each device runs its tasks strictly in this order; the pipeline enforces
-the order with control dependencies, so the executor cannot run all
-forwards of one device at once (memory) or re-compute early. A device is
-idle for K-1 of its M+K-1 ticks in each direction: the bubble fraction
-(K-1)/(M+K-1).
+  GPipe: every forward, then every backward in reverse
+    dev 0:  F0 F1 F2 F3 .  .  B3 B2 B1 B0
+    dev 1:  .  F0 F1 F2 F3 B3 B2 B1 B0
+  1F1B (PipeDream-flush): K-1-d forwards to warm up, then one forward
+  and one backward in turn; stage d holds at most K-d micro-batches
+    dev 0:  F0 F1 .  B0 F2 B1 F3 B2 .  B3
+    dev 1:  .  F0 B0 F1 B1 F2 B2 F3 B3
+  Interleaved 1F1B (V stages per device, M a multiple of K): forwards
+  go through the device's stages in groups of K micro-batches, with
+  2(K-1-d) + (V-1)K forwards of warm-up; the bubble shrinks V times.
+
+`Validate` checks a table: every action once, on its stage's device,
+every dependency met without deadlock; its error names the first bad
+action. `Simulate` runs a table with per-action costs (unit, or measured)
+and gives each action's start and end, the step length, each device's
+idle share, and the micro-batches each stage and device holds at once:
+every figure that depends on the order comes from there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b')
+PHASES = ('F', 'B')
 
 
 @dataclasses.dataclass(frozen=True, order=True)
-class Task:
-  """One unit of work: phase 'F' or 'B' of micro-batch m on partition k."""
-  tick: int
-  partition: int
-  micro_batch: int
+class Action:
+  """Phase 'F' or 'B' of micro-batch `micro_batch` on stage `stage`."""
   phase: str
+  stage: int
+  micro_batch: int
+
+  def __str__(self) -> str:
+    return f'{self.phase}(stage {self.stage}, micro-batch {self.micro_batch})'
+
+  @property
+  def short(self) -> str:
+    """'F3' / 'B3': the micro-batch only, as pictures label it."""
+    return f'{self.phase}{self.micro_batch}'
 
 
-def ForwardTick(k: int, m: int) -> int:
-  return k + m
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """A table: per device, its actions in order (module docstring)."""
+  name: str
+  num_micro_batches: int
+  stage_devices: Tuple[int, ...]
+  order: Tuple[Tuple[Action, ...], ...]
+
+  @property
+  def num_stages(self) -> int:
+    return len(self.stage_devices)
+
+  @property
+  def num_devices(self) -> int:
+    return len(self.order)
+
+  def StagesOf(self, device: int) -> List[int]:
+    return [s for s, d in enumerate(self.stage_devices) if d == device]
+
+  def Actions(self, phase: Optional[str] = None) -> List[Action]:
+    """Every action of the table, device by device."""
+    return [a for row in self.order for a in row
+            if phase is None or a.phase == phase]
+
+  def Only(self, phase: str) -> 'Schedule':
+    """The same table with only `phase`'s actions (e.g. the forwards)."""
+    return dataclasses.replace(self, order=tuple(
+        tuple(a for a in row if a.phase == phase) for row in self.order))
+
+  def Text(self) -> str:
+    """One line per device: its actions in order (for errors, docs)."""
+    return '\n'.join(f'dev {d}: ' + ' '.join(
+        f'{a.phase}{a.stage}.{a.micro_batch}' for a in row)
+                     for d, row in enumerate(self.order))
 
 
-def BackwardTick(k: int, m: int, num_partitions: int,
-                 num_micro_batches: int) -> int:
-  return 2 * (num_micro_batches + num_partitions - 1) - 1 - (k + m)
-
-
-def GPipeSchedule(num_partitions: int, num_micro_batches: int,
-                  backward: bool = True) -> List[Task]:
-  """All tasks of one step, sorted by (tick, partition)."""
-  if num_partitions < 1 or num_micro_batches < 1:
+def _Check(num_devices: int, num_micro_batches: int,
+           num_virtual_stages: int) -> None:
+  if num_devices < 1 or num_micro_batches < 1 or num_virtual_stages < 1:
     raise ValueError(
-        f'GPipeSchedule needs K >= 1 and M >= 1, got K={num_partitions}, '
-        f'M={num_micro_batches}.')
-  tasks = []
-  for k in range(num_partitions):
-    for m in range(num_micro_batches):
-      tasks.append(Task(ForwardTick(k, m), k, m, 'F'))
-      if backward:
-        tasks.append(Task(
-            BackwardTick(k, m, num_partitions, num_micro_batches), k, m, 'B'))
-  return sorted(tasks)
+        f'A schedule needs K >= 1 devices, M >= 1 micro-batches and V >= 1 '
+        f'stages per device, got K={num_devices}, M={num_micro_batches}, '
+        f'V={num_virtual_stages}.')
 
 
-def PerDeviceOrder(num_partitions: int, num_micro_batches: int,
-                   backward: bool = True) -> Dict[int, List[Task]]:
-  """Partition k -> its tasks in the order it must run them."""
-  order: Dict[int, List[Task]] = {k: [] for k in range(num_partitions)}
-  for task in GPipeSchedule(num_partitions, num_micro_batches, backward):
-    order[task.partition].append(task)
-  return order
+def LoopedStageDevices(num_devices: int,
+                       num_virtual_stages: int = 1) -> Tuple[int, ...]:
+  """Stage s on device s mod K, for K x V stages."""
+  return tuple(s % num_devices
+               for s in range(num_devices * num_virtual_stages))
 
 
-def BubbleFraction(num_partitions: int, num_micro_batches: int) -> float:
-  """Idle fraction of each device: (K-1) / (M+K-1)."""
-  return (num_partitions - 1) / (num_micro_batches + num_partitions - 1)
+def GPipe(num_devices: int, num_micro_batches: int,
+          num_virtual_stages: int = 1) -> Schedule:
+  """Every forward, then every backward (module docstring).
+
+  Forwards in order of the clock tick s + m (then stage), backwards in
+  the reverse of that order: with V = 1, F(k, m) at tick k + m.
+  """
+  _Check(num_devices, num_micro_batches, num_virtual_stages)
+  stage_devices = LoopedStageDevices(num_devices, num_virtual_stages)
+  order = []
+  for d in range(num_devices):
+    fwd = sorted(((s + m, s, m) for s in range(len(stage_devices))
+                  if stage_devices[s] == d
+                  for m in range(num_micro_batches)))
+    order.append(tuple([Action('F', s, m) for _, s, m in fwd] +
+                       [Action('B', s, m) for _, s, m in reversed(fwd)]))
+  return Schedule('gpipe', num_micro_batches, stage_devices, tuple(order))
 
 
-def Timeline(num_partitions: int, num_micro_batches: int,
-             backward: bool = True) -> str:
-  """The schedule as an ASCII chart, one row per device, one cell per tick."""
-  tasks = GPipeSchedule(num_partitions, num_micro_batches, backward)
-  num_ticks = max(t.tick for t in tasks) + 1
-  cells = [['.'] * num_ticks for _ in range(num_partitions)]
-  for t in tasks:
-    cells[t.partition][t.tick] = f'{t.phase}{t.micro_batch}'
+def OneFOneB(num_devices: int, num_micro_batches: int) -> Schedule:
+  """PipeDream-flush 1F1B: device d warms up with K-1-d forwards.
+
+  Then it alternates one forward and one backward, oldest micro-batch
+  first, and ends with the backwards left: at most K-d micro-batches in
+  flight on stage d, whatever M.
+  """
+  _Check(num_devices, num_micro_batches, 1)
+  k, m_total = num_devices, num_micro_batches
+  order = []
+  for d in range(k):
+    warmup = min(k - 1 - d, m_total)
+    row = [Action('F', d, m) for m in range(warmup)]
+    for i in range(m_total - warmup):
+      row += [Action('F', d, warmup + i), Action('B', d, i)]
+    row += [Action('B', d, m) for m in range(m_total - warmup, m_total)]
+    order.append(tuple(row))
+  return Schedule('1f1b', m_total, LoopedStageDevices(k), tuple(order))
+
+
+def Interleaved1F1B(num_devices: int, num_micro_batches: int,
+                    num_virtual_stages: int) -> Schedule:
+  """Interleaved 1F1B (Narayanan et al. 2021): V stages per device.
+
+  Device d runs stages d, d + K, ..., d + (V-1)K. Its i-th forward is on
+  micro-batch (i // KV) K + i mod K of its stage number (i mod KV) // K;
+  its i-th backward the same with the stages taken last first. It warms
+  up with 2(K-1-d) + (V-1)K forwards (at most MV), then alternates.
+  """
+  _Check(num_devices, num_micro_batches, num_virtual_stages)
+  k, m_total, v = num_devices, num_micro_batches, num_virtual_stages
+  if m_total % k:
+    raise ValueError(
+        f"Schedule 'interleaved_1f1b' needs M a multiple of K: M={m_total}, "
+        f'K={k}; use M = {k * max(1, m_total // k)} or '
+        f'{k * (m_total // k + 1)}.')
+
+  def Nth(i: int, phase: str, d: int) -> Action:
+    group, within = divmod(i, k * v)
+    chunk = within // k
+    if phase == 'B':
+      chunk = v - 1 - chunk
+    return Action(phase, chunk * k + d, group * k + within % k)
+
+  total = m_total * v
+  order = []
+  for d in range(k):
+    warmup = min(2 * (k - 1 - d) + (v - 1) * k, total)
+    row = [Nth(i, 'F', d) for i in range(warmup)]
+    for i in range(total - warmup):
+      row += [Nth(warmup + i, 'F', d), Nth(i, 'B', d)]
+    row += [Nth(i, 'B', d) for i in range(total - warmup, total)]
+    order.append(tuple(row))
+  return Schedule('interleaved_1f1b', m_total, LoopedStageDevices(k, v),
+                  tuple(order))
+
+
+def Make(name: str, num_devices: int, num_micro_batches: int,
+         num_virtual_stages: int = 1) -> Schedule:
+  """The table of schedule `name` (one of SCHEDULES), validated."""
+  if name == 'gpipe':
+    table = GPipe(num_devices, num_micro_batches, num_virtual_stages)
+  elif name == '1f1b':
+    if num_virtual_stages != 1:
+      raise ValueError(
+          f"Schedule '1f1b' runs one stage per device, got "
+          f"num_virtual_stages={num_virtual_stages}; use "
+          "'interleaved_1f1b' for more.")
+    table = OneFOneB(num_devices, num_micro_batches)
+  elif name == 'interleaved_1f1b':
+    table = Interleaved1F1B(num_devices, num_micro_batches,
+                            num_virtual_stages)
+  else:
+    raise ValueError(f'Unknown schedule {name!r}; use one of {SCHEDULES}.')
+  Validate(table)
+  return table
+
+
+# ---- validation ------------------------------------------------------------
+
+
+def Dependencies(action: Action, num_stages: int) -> List[Action]:
+  """The actions whose outputs `action` reads."""
+  s, m = action.stage, action.micro_batch
+  if action.phase == 'F':
+    return [Action('F', s - 1, m)] if s else []
+  deps = [Action('F', s, m)]
+  if s + 1 < num_stages:
+    deps.append(Action('B', s + 1, m))
+  return deps
+
+
+def Validate(table: Schedule) -> None:
+  """Raises ValueError naming the first bad action; None if the table runs.
+
+  Checks: every stage has a device; each device lists only actions of its
+  own stages; every F and B of every (stage, micro-batch) appears exactly
+  once; and the table runs to the end, each device in its order, every
+  action after the actions it reads (no deadlock).
+  """
+  where = f"Schedule '{table.name}'"
+  num_stages, m_total = table.num_stages, table.num_micro_batches
+  for s, d in enumerate(table.stage_devices):
+    if not 0 <= d < table.num_devices:
+      raise ValueError(f'{where}: stage {s} is on device {d}, but the table '
+                       f'has devices 0..{table.num_devices - 1}.')
+  seen = set()
+  for d, row in enumerate(table.order):
+    for a in row:
+      if a.phase not in PHASES or not (
+          0 <= a.stage < num_stages and 0 <= a.micro_batch < m_total):
+        raise ValueError(f'{where}: device {d} lists {a}, which is not an '
+                         f'action of {num_stages} stages and {m_total} '
+                         'micro-batches.')
+      if table.stage_devices[a.stage] != d:
+        raise ValueError(
+            f'{where}: {a} is on device {d}, but stage {a.stage} runs on '
+            f'device {table.stage_devices[a.stage]}.')
+      if a in seen:
+        raise ValueError(f'{where}: {a} appears twice.')
+      seen.add(a)
+  for phase in PHASES:
+    for s in range(num_stages):
+      for m in range(m_total):
+        if Action(phase, s, m) not in seen:
+          raise ValueError(f'{where}: {Action(phase, s, m)} is missing.')
+  RunOrder(table)
+
+
+def RunOrder(table: Schedule, done_before: Iterable[Action] = ()
+             ) -> List[Tuple[int, Action]]:
+  """(device, action) in an order that meets every dependency.
+
+  Devices take turns: each runs its next actions while their inputs are
+  done (`done_before`: actions already run, for a table of backwards that
+  follows its forwards). Raises ValueError naming the first action that
+  can never run.
+  """
+  done = set(done_before)
+  pos = [0] * table.num_devices
+  out: List[Tuple[int, Action]] = []
+  total = sum(len(row) for row in table.order)
+  while len(out) < total:
+    progressed = False
+    for d, row in enumerate(table.order):
+      while pos[d] < len(row) and all(
+          dep in done for dep in Dependencies(row[pos[d]], table.num_stages)):
+        done.add(row[pos[d]])
+        out.append((d, row[pos[d]]))
+        pos[d] += 1
+        progressed = True
+    if not progressed:
+      d = min(d for d in range(table.num_devices)
+              if pos[d] < len(table.order[d]))
+      a = table.order[d][pos[d]]
+      missing = next(x for x in Dependencies(a, table.num_stages)
+                     if x not in done)
+      raise ValueError(
+          f"Schedule '{table.name}' deadlocks: {a} on device {d} waits for "
+          f'{missing}, which device {table.stage_devices[missing.stage]} '
+          'never reaches first.')
+  return out
+
+
+# ---- simulation --------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Simulation:
+  """A table run with costs: times, idle shares and what is held."""
+  table: Schedule
+  times: Dict[Action, Tuple[float, float]]  # (start, end)
+  step: float  # when the last action ends
+  busy: Tuple[float, ...]  # per device: time in its actions
+  peak_in_flight: Tuple[int, ...]  # per stage: micro-batches held at once
+  peak_device_in_flight: Tuple[int, ...]  # per device, over its stages
+
+  @property
+  def bubble(self) -> float:
+    """Idle share of the devices over the step (0 with one device)."""
+    if self.step <= 0:
+      return 0.0
+    return 1.0 - sum(self.busy) / (len(self.busy) * self.step)
+
+  def DeviceBubble(self, device: int) -> float:
+    return 1.0 - self.busy[device] / self.step if self.step > 0 else 0.0
+
+
+def _PerStage(values: Optional[Sequence[float]], num_stages: int,
+              default: float, what: str) -> List[float]:
+  if values is None:
+    return [default] * num_stages
+  values = list(values)
+  if len(values) != num_stages:
+    raise ValueError(f'{what} has {len(values)} entries for {num_stages} '
+                     'stages; give one per stage.')
+  return values
+
+
+def Simulate(table: Schedule, forward_s: Optional[Sequence[float]] = None,
+             backward_s: Optional[Sequence[float]] = None,
+             overhead_s: float = 0.0,
+             hop_s: Optional[Sequence[float]] = None) -> Simulation:
+  """Runs the table: each action starts when its device's previous action
+  and the actions it reads are done, and lasts its stage's cost.
+
+  Costs are per stage (default: unit forwards, backwards twice as long),
+  plus `overhead_s` per action. `hop_s[s]` (one per stage boundary, S-1)
+  delays a dependency between stage s and s+1 when they are on different
+  devices: the hand-off of the activation forward and of its gradient back.
+  """
+  s_total = table.num_stages
+  fwd = _PerStage(forward_s, s_total, 1.0, 'forward_s')
+  bwd = _PerStage(backward_s, s_total, 2.0, 'backward_s')
+  hops = list(hop_s) if hop_s is not None else [0.0] * max(s_total - 1, 0)
+  if len(hops) != max(s_total - 1, 0):
+    raise ValueError(f'hop_s has {len(hops)} entries for {s_total} stages; '
+                     f'give one per boundary, {s_total - 1}.')
+  devs = table.stage_devices
+  free = [0.0] * table.num_devices
+  busy = [0.0] * table.num_devices
+  times: Dict[Action, Tuple[float, float]] = {}
+  for d, a in RunOrder(table):
+    ready = free[d]
+    for dep in Dependencies(a, s_total):
+      delay = 0.0
+      if devs[dep.stage] != d:
+        delay = hops[min(dep.stage, a.stage)]
+      ready = max(ready, times[dep][1] + delay)
+    cost = (fwd if a.phase == 'F' else bwd)[a.stage] + overhead_s
+    times[a] = (ready, ready + cost)
+    free[d] = ready + cost
+    busy[d] += cost
+  stage_peak, device_peak = InFlight(table)
+  step = max((e for _, e in times.values()), default=0.0)
+  return Simulation(table, times, step, tuple(busy), stage_peak, device_peak)
+
+
+def InFlight(table: Schedule) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+  """Most micro-batches held at once, per stage and per device.
+
+  A micro-batch is held on stage s from F(s, m) until B(s, m): its input
+  (and its activations when the stage keeps them) wait for the backward.
+  The order on each device alone decides it, not the timing.
+  """
+  stage_peak = [0] * table.num_stages
+  device_peak = [0] * table.num_devices
+  for d, row in enumerate(table.order):
+    held = {s: 0 for s in table.StagesOf(d)}
+    for a in row:
+      held[a.stage] += 1 if a.phase == 'F' else -1
+      stage_peak[a.stage] = max(stage_peak[a.stage], held[a.stage])
+      device_peak[d] = max(device_peak[d], sum(held.values()))
+  return tuple(stage_peak), tuple(device_peak)
+
+
+def Ticks(table: Schedule) -> Dict[Action, int]:
+  """Each action's start on a clock where every action takes one tick."""
+  sim = Simulate(table, [1.0] * table.num_stages, [1.0] * table.num_stages)
+  return {a: int(round(t[0])) for a, t in sim.times.items()}
+
+
+def Timeline(table: Schedule) -> str:
+  """The table as an ASCII chart: one row per device, one cell per tick
+  (every action one tick; '.' is idle)."""
+  ticks = Ticks(table)
+  num_ticks = max(ticks.values()) + 1
+  cells = [['.'] * num_ticks for _ in range(table.num_devices)]
+  multi = table.num_stages > table.num_devices
+  for a, t in ticks.items():
+    label = f'{a.phase}{a.micro_batch}'
+    cells[table.stage_devices[a.stage]][t] = (
+        f'{label}s{a.stage}' if multi else label)
   width = max(len(c) for row in cells for c in row)
-  lines = [f'dev {k}: ' + ' '.join(c.ljust(width) for c in row).rstrip()
-           for k, row in enumerate(cells)]
-  return '\n'.join(lines)
+  return '\n'.join(
+      f'dev {d}: ' + ' '.join(c.ljust(width) for c in row).rstrip()
+      for d, row in enumerate(cells))
