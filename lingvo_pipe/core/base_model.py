@@ -13,6 +13,9 @@ One training step (all of it inside the trainer's tf.function):
   step = global_step
   batch.example_keys = dropout.ExampleKeys(step, batch_size)  # if missing
   metrics = FProp(theta, batch)                    # training mode
+    (or, when OnePassTraining gives a plan, its pipeline's FPropWithLoss:
+     the layers before the pipeline, then the pipeline in its schedule's
+     order, each micro-batch's loss computed as its forward ends)
   grads = d metrics.loss[0] / d trainable vars
     (R = train.num_replicas > 1: data parallelism, see `replicas.py`:
      replica r runs FProp on its slice of the batch, on its own devices;
@@ -35,6 +38,12 @@ Python flag read while tracing: `TrainStep` traces in training mode and
 restored afterwards). With ema_decay > 0, eval and decode read the EMA
 shadows by default.
 
+A pipelined task trains in one pass by defining `OnePassTraining(theta,
+batch)`: the network (a PipeliningLayer), its inputs for the whole batch,
+and a loss head that maps the network's outputs of one micro-batch to
+ComputeLoss's metrics. Without it, the step differentiates FProp: every
+forward, then every backward, which only GPipe's schedule allows.
+
 The trainer splits the CPU into logical devices before building any layer,
 so `NumDevicesNeeded(task_params)` works from params alone.
 """
@@ -42,7 +51,9 @@ so `NumDevicesNeeded(task_params)` works from params alone.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+import dataclasses
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
+from typing import Tuple
 
 import tensorflow as tf
 
@@ -57,6 +68,30 @@ from lingvo_pipe.core.nested_map import NestedMap
 
 Metrics = Mapping[str, Tuple[Any, Any]]
 _TRAIN_OUTPUTS = ('learning_rate', 'grad_norm', 'is_finite', 'global_step')
+
+
+@dataclasses.dataclass
+class OnePass:
+  """How a task's training step runs its pipeline in one pass.
+
+  `network` is the PipeliningLayer, `theta` its theta and `inputs` its
+  inputs for the whole batch (computed by the task from its theta, under
+  the step's tape, so layers before the pipeline get their gradients).
+  `head(head_theta, outputs, head_batch)` maps the network's outputs of
+  one micro-batch, and that micro-batch's slice of `head_batch` (a nest,
+  batch on axis 0; scalars whole), to ComputeLoss's metrics; it runs on
+  the pipeline's last device and reads only `head_theta` (the variables
+  of the layers after the pipeline, e.g. a tied softmax). `loss_weight`:
+  the whole batch's weight of the 'loss' metric (example or token count),
+  known before the first forward.
+  """
+  network: Any
+  theta: NestedMap
+  inputs: Any
+  head: Callable[[NestedMap, Any, NestedMap], Metrics]
+  head_theta: NestedMap
+  head_batch: NestedMap
+  loss_weight: Any
 
 
 def NumDevicesNeeded(task_params: Any) -> int:
@@ -86,7 +121,7 @@ def _MaxPartitions(value: Any) -> int:
     found = 0
     if (isinstance(cells, (list, tuple, hyperparams.FrozenList)) and cells and
         all(isinstance(c, hyperparams.Params) for c in cells)):
-      found = len(cells)
+      found = len(cells) // max(1, int(fields.get('num_virtual_stages', 1)))
     return max([found] + [_MaxPartitions(v) for v in fields.values()])
   if isinstance(value, (list, tuple, hyperparams.FrozenList)):
     return max([0] + [_MaxPartitions(v) for v in value])
@@ -208,6 +243,18 @@ class BaseTask(base_layer.BaseLayer):
     """ComputePredictions, then ComputeLoss: (metrics, per_example)."""
     predictions = self.ComputePredictions(theta, input_batch)
     return self.ComputeLoss(theta, predictions, input_batch)
+
+  def OnePassTraining(self, theta: NestedMap,
+                      input_batch: NestedMap) -> Optional[OnePass]:
+    """How the training step runs the task's pipeline in one pass (OnePass),
+    or None: the step then differentiates FProp, which needs GPipe's order.
+
+    Called in training mode inside the step, with the batch FProp would
+    get; it must compute the layers before the pipeline (they are part of
+    the step) and no more.
+    """
+    del theta, input_batch
+    return None
 
   def Decode(self, theta: NestedMap, input_batch: NestedMap) -> NestedMap:
     raise NotImplementedError(
@@ -405,8 +452,28 @@ class BaseTask(base_layer.BaseLayer):
       out.global_step = state.global_step.read_value()
     return out
 
+  def _TrainFProp(self, theta: NestedMap, batch: NestedMap) -> Metrics:
+    """Training metrics: one pass if the task has a plan, else FProp."""
+    plan = self.OnePassTraining(theta, batch)
+    if plan is None:
+      self._CheckGPipeOnly()
+      return self.FProp(theta, batch)[0]
+    return plan.network.FPropWithLoss(
+        plan.theta, plan.inputs, plan.head, plan.head_theta, plan.head_batch,
+        plan.loss_weight)
+
+  def _CheckGPipeOnly(self) -> None:
+    for layer in self.Layers():
+      name = getattr(layer.params, 'schedule', None)
+      if 'cell_tpl' in layer.params and name not in (None, 'gpipe'):
+        raise ValueError(
+            f"{type(self).__name__}: pipeline '{layer.path}' has schedule "
+            f"{name!r}, which trains in one pass; define OnePassTraining("
+            "theta, batch) in the task (base_model.OnePass), or use "
+            "schedule 'gpipe'.")
+
   def _CheckedFProp(self, theta: NestedMap, batch: NestedMap) -> NestedMap:
-    metrics = self._CheckMetrics(self.FProp(theta, batch)[0])
+    metrics = self._CheckMetrics(self._TrainFProp(theta, batch))
     clash = [k for k in _TRAIN_OUTPUTS if k in metrics]
     if clash:
       raise ValueError(

@@ -34,7 +34,7 @@ accuracy and top-5 accuracy over everything decoded.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -113,23 +113,26 @@ class ImageClassifier(base_model.BaseTask):
                        'be in [0, 1).')
     self.CreateChild('network', p.network)
 
-  def ComputePredictions(self, theta: NestedMap,
-                         input_batch: NestedMap) -> NestedMap:
-    """NestedMap(logits=[b, num_classes], maybe aux_logits) of the images."""
+  def _NetworkInputs(self, theta: NestedMap, input_batch: NestedMap) -> Any:
+    """What the network gets (module docstring: p.network_input)."""
+    del theta  # No variables before the network.
     p = self.params
     image = tf.cast(input_batch.image, self.network.fprop_dtype)
     if p.network_input == 'image':
-      inputs = image
-    else:
-      inputs = NestedMap(image=image)
-      if 'example_keys' in input_batch:
-        keys = input_batch.example_keys
-        inputs.example_keys = keys
-        inputs.example_steps = tf.fill(tf.shape(keys), self._StepOrZero())
-    out = self.network.FProp(theta.network, inputs)
+      return image
+    inputs = NestedMap(image=image)
+    if 'example_keys' in input_batch:
+      keys = input_batch.example_keys
+      inputs.example_keys = keys
+      inputs.example_steps = tf.fill(tf.shape(keys), self._StepOrZero())
+    return inputs
+
+  def _Predictions(self, out: Any, batch_size: Any) -> NestedMap:
+    """The network's output as NestedMap(logits, maybe aux_logits)."""
+    p = self.params
     predictions = NestedMap(out) if isinstance(out, dict) else NestedMap(
         logits=out)
-    want = [image.shape[0], p.num_classes]
+    want = [batch_size, p.num_classes]
     for name, logits in sorted(predictions.items()):
       if name not in ('logits', 'aux_logits') or not isinstance(
           logits, tf.Tensor) or not logits.shape.is_compatible_with(want):
@@ -143,6 +146,31 @@ class ImageClassifier(base_model.BaseTask):
           f"ImageClassifier '{self.path}': the network returned "
           f'{sorted(predictions)}, no logits.')
     return predictions
+
+  def ComputePredictions(self, theta: NestedMap,
+                         input_batch: NestedMap) -> NestedMap:
+    """NestedMap(logits=[b, num_classes], maybe aux_logits) of the images."""
+    out = self.network.FProp(theta.network,
+                             self._NetworkInputs(theta, input_batch))
+    return self._Predictions(out, input_batch.image.shape[0])
+
+  def OnePassTraining(self, theta: NestedMap, input_batch: NestedMap
+                      ) -> Optional[base_model.OnePass]:
+    """A pipelined network trains in one pass; its head is ComputeLoss."""
+    if not isinstance(self.network, gpipe.PipeliningLayer):
+      return None
+
+    def Head(head_theta: NestedMap, out: Any, batch: NestedMap
+             ) -> base_model.Metrics:
+      predictions = self._Predictions(out, batch.label.shape[0])
+      return self.ComputeLoss(head_theta, predictions, batch)[0]
+
+    labels = NestedMap(label=input_batch.label)
+    return base_model.OnePass(
+        network=self.network, theta=theta.network,
+        inputs=self._NetworkInputs(theta, input_batch), head=Head,
+        head_theta=NestedMap(), head_batch=labels,
+        loss_weight=tf.cast(tf.size(input_batch.label), tf.float32))
 
   def _Scores(self, logits: tf.Tensor,
               labels: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:

@@ -187,15 +187,42 @@ class TransformerMT(base_model.BaseTask):
 
   # ---- BaseTask -------------------------------------------------------------
 
-  def ComputePredictions(self, theta: NestedMap,
-                         input_batch: NestedMap) -> NestedMap:
-    """NestedMap(logits [b, t, V]) for the target positions."""
+  def _StackInputs(self, theta: NestedMap, input_batch: NestedMap
+                   ) -> NestedMap:
+    """The stack's input state: both sides embedded, on its first device."""
     keys = input_batch.get('example_keys')
     tgt = input_batch.tgt
     state = self._SourceState(theta, input_batch.src, keys)
-    state = self._AddTarget(theta, state, tgt.ids, tgt.paddings)
-    out = self.stack.FProp(theta.stack, state)
+    return self._AddTarget(theta, state, tgt.ids, tgt.paddings)
+
+  def ComputePredictions(self, theta: NestedMap,
+                         input_batch: NestedMap) -> NestedMap:
+    """NestedMap(logits [b, t, V]) for the target positions."""
+    out = self.stack.FProp(theta.stack, self._StackInputs(theta, input_batch))
     return NestedMap(logits=self._Logits(theta, out.vec))
+
+  def OnePassTraining(self, theta: NestedMap, input_batch: NestedMap
+                      ) -> Optional[base_model.OnePass]:
+    """A pipelined stack trains in one pass; the head is the tied softmax
+    and ComputeLoss, reading only the softmax's table."""
+    if not isinstance(self.stack, gpipe.PipeliningLayer):
+      return None
+    table = self._Table('tgt')
+
+    def Head(head_theta: NestedMap, out: NestedMap, batch: NestedMap
+             ) -> base_model.Metrics:
+      predictions = NestedMap(logits=self._Logits(head_theta, out.vec))
+      return self.ComputeLoss(head_theta, predictions, batch)[0]
+
+    tgt = input_batch.tgt
+    paddings = tf.cast(tgt.paddings, tf.float32)
+    return base_model.OnePass(
+        network=self.stack, theta=theta.stack,
+        inputs=self._StackInputs(theta, input_batch), head=Head,
+        head_theta=NestedMap({table: theta[table]}),
+        head_batch=NestedMap(tgt=NestedMap(labels=tgt.labels,
+                                           paddings=tgt.paddings)),
+        loss_weight=tf.reduce_sum(1.0 - paddings))
 
   def ComputeLoss(self, theta: NestedMap, predictions: NestedMap,
                   input_batch: NestedMap

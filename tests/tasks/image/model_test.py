@@ -254,5 +254,36 @@ class PipelineExactnessTest(tf.test.TestCase, parameterized.TestCase):
                           msg=name)
 
 
+  @parameterized.named_parameters(('gpipe', 'gpipe'), ('1f1b', '1f1b'))
+  def testOnePassTrainingMatchesUnpipelined(self, schedule):
+    """The training step's one pass against the unpipelined classifier."""
+    m = 2
+    make, _ = _NETWORKS['ResNet']
+    shapes = tf.TensorShape([_BATCH // m, _SIZE, _SIZE, 3])
+    network = model.GPipeNetworkParams(make(), 2, m, shapes)
+    network.schedule = schedule
+    pipe = _Classifier(network, dtype=tf.float64, label_smoothing=0.1)
+    ref = _ReferenceTask('ResNet')
+    batch = _Batch()
+    batch.image = tf.cast(batch.image, tf.float64)
+    batch.example_keys = dropout.ExampleKeys(5, _BATCH)
+    metrics, grads = tf.function(pipe.Gradients, autograph=False)(batch)
+    grads = {'/'.join(p for p in n.split('/') if not p.startswith('cell_')):
+             g for n, g in grads.items()}
+
+    def RefLoss(batch):
+      parts = [NestedMap(image=x, label=y) for x, y in zip(
+          tf.split(batch.image, m), tf.split(batch.label, m))]
+      per_part = [ref.ComputePredictions(ref.theta, part) for part in parts]
+      predictions = tf.nest.map_structure(lambda *t: tf.concat(t, 0),
+                                          *per_part)
+      return ref.ComputeLoss(ref.theta, predictions, batch)[0]['loss'][0]
+
+    ref_loss, ref_grads = _Grads(ref, RefLoss, batch)
+    self.assertAllClose(ref_loss, metrics.loss[0], atol=1e-10, rtol=0)
+    self.assertEqual(sorted(ref_grads), sorted(grads))
+    for name, grad in ref_grads.items():
+      self.assertAllClose(grad, grads[name], atol=1e-10, rtol=0, msg=name)
+
 if __name__ == '__main__':
   absltest.main()

@@ -115,6 +115,26 @@ class PipelinedEqualsSequentialTest(tf.test.TestCase, parameterized.TestCase):
       self.assertGreater(np.abs(want.numpy()).max(), 0.0, name)
       self.assertAllClose(want, got_grads[name], **_TOL, msg=name)
 
+  @parameterized.named_parameters(('gpipe', 'gpipe', 1), ('1f1b', '1f1b', 1),
+                                  ('interleaved', 'interleaved_1f1b', 2))
+  def testOnePassTrainingGradients(self, schedule, v):
+    """The training step's one pass (embeddings before the pipeline, the
+    tied softmax after it) against the sequential stack's FProp."""
+    stack = transformer.PipelinedStack(_Layers(), 2 * v, 2)
+    stack.Set(schedule=schedule, num_virtual_stages=v)
+    piped = _Task(stack)
+    plain = _Task(transformer.SequentialStack(_Layers()))
+    batch = _WithKeys(_Batch())
+    want_metrics, want_grads = _LossAndGrads(plain, batch)
+    metrics, grads = tf.function(piped.Gradients, autograph=False)(batch)
+    for name, (value, weight) in want_metrics.items():
+      self.assertAllClose(value, metrics[name][0], **_TOL, msg=name)
+      self.assertAllClose(weight, metrics[name][1], **_TOL, msg=name)
+    grads = {re.sub(r'/cell_\d+/', '/', n): g for n, g in grads.items()}
+    self.assertEqual(sorted(want_grads), sorted(grads))
+    for name, want in want_grads.items():
+      self.assertAllClose(want, grads[name], **_TOL, msg=name)
+
   def testDropoutIsOnInTrainingAndOffInEval(self):
     task = _Task(_Pipelined())
     batch = _WithKeys(_Batch())
