@@ -264,8 +264,8 @@ class Runner:
       if not isinstance(layer, gpipe.PipeliningLayer):
         continue
       svg = timeline.ScheduleSvg(
-          layer.num_partitions, layer.NumMicroBatches(batch_size),
-          layer.devices, layer.path)
+          layer.Table(layer.NumMicroBatches(batch_size)), layer.devices,
+          layer.path)
       path = os.path.join(
           self._logdir, f"pipeline_{layer.path.replace('/', '.')}.svg")
       with open(path, 'w', encoding='utf-8') as f:

@@ -17,8 +17,10 @@ empty), so `PipeliningLayer` seeds them like one plain `SequentialLayer`
 of the same name: re-partitioning keeps the initial weights.
 
 `PartitionWithReport` also returns a `BalanceReport`: per partition its
-layers, cost, parameters and activation memory, with the bubble fraction
-and the imbalance of the split; `print(report)` shows it as a table.
+layers, cost, parameters and activation memory, with the bubble of the
+schedule's table run with these costs (`schedule.Simulate`: partition k's
+cost its forward, twice that its backward, so an imbalance shows as idle
+time) and the imbalance of the split; `print(report)` shows it as a table.
 """
 
 from __future__ import annotations
@@ -144,15 +146,30 @@ class BalanceReport:
   Attributes:
     cost_name: 'flops', 'params', 'time' (seconds) or 'user' (given costs).
     num_micro_batches: M, for the bubble fraction.
-    partitions: one PartitionStats per partition, in pipeline order.
+    partitions: one PartitionStats per partition (stage), in pipeline order.
+    schedule_name: the schedule (schedule.SCHEDULES), for the bubble.
+    num_virtual_stages: V, stages per device: the partitions run on
+      K = partitions / V devices, stage s on device s mod K.
   """
   cost_name: str
   num_micro_batches: int
   partitions: Tuple[PartitionStats, ...]
+  schedule_name: str = 'gpipe'
+  num_virtual_stages: int = 1
 
   @property
   def num_partitions(self) -> int:
     return len(self.partitions)
+
+  @property
+  def num_devices(self) -> int:
+    """K = partitions / V."""
+    return self.num_partitions // self.num_virtual_stages
+
+  def Table(self) -> schedule.Schedule:
+    """The schedule's table for these partitions and M (schedule.Make)."""
+    return _Table(self.schedule_name, self.num_partitions,
+                  self.num_micro_batches, self.num_virtual_stages)
 
   @property
   def costs(self) -> List[float]:
@@ -164,9 +181,11 @@ class BalanceReport:
 
   @property
   def bubble_fraction(self) -> float:
-    """Idle fraction of each device, (K-1) / (M+K-1)."""
-    return schedule.BubbleFraction(self.num_partitions,
-                                   self.num_micro_batches)
+    """Idle share of the devices: the table simulated with each
+    partition's cost as its forward and twice that as its backward."""
+    costs = self.costs
+    return schedule.Simulate(self.Table(), costs,
+                             [2 * c for c in costs]).bubble
 
   @property
   def imbalance(self) -> float:
@@ -175,10 +194,13 @@ class BalanceReport:
     return max(self.costs) / mean if mean > 0 else 1.0
 
   def __str__(self) -> str:
-    head = (f'Pipeline balance by {self.cost_name}: K={self.num_partitions}'
-            f' partitions, M={self.num_micro_batches} micro-batches, bubble '
-            f'{self.bubble_fraction:.1%}, imbalance (max/mean) '
-            f'{self.imbalance:.3f}')
+    v = self.num_virtual_stages
+    shape = (f'K={self.num_devices} devices x V={v} stages' if v > 1 else
+             f'K={self.num_partitions} partitions')
+    head = (f'Pipeline balance by {self.cost_name}: {shape}, '
+            f'M={self.num_micro_batches} micro-batches, bubble '
+            f'{self.bubble_fraction:.1%} ({self.schedule_name}, backward = 2 x '
+            f'forward), imbalance (max/mean) {self.imbalance:.3f}')
     fmt = _CostFormat(self.cost_name)
     total = self.total_cost
     rows = [('cell', 'layers', '#', f'cost ({self.cost_name})', 'share',
@@ -200,6 +222,18 @@ class BalanceReport:
     lines.append('  activations: output bytes of a cell\'s layers for one '
                  'micro-batch')
     return '\n'.join(lines)
+
+
+def _Table(schedule_name: str, num_partitions: int, num_micro_batches: int,
+           num_virtual_stages: int) -> schedule.Schedule:
+  """schedule.Make's table of S = num_partitions stages on S / V devices."""
+  v = num_virtual_stages
+  if not isinstance(v, int) or v < 1 or num_partitions % v:
+    raise ValueError(
+        f'num_virtual_stages={v!r} must be a positive divisor of the '
+        f'{num_partitions} partitions (K = partitions / V devices).')
+  return schedule.Make(schedule_name, num_partitions // v, num_micro_batches,
+                       v)
 
 
 def _Count(x: float) -> str:
@@ -471,6 +505,8 @@ def PartitionWithReport(
     num_micro_batches: int = 1,
     dtype: tf.DType = tf.float32,
     num_timing_runs: int = 5,
+    schedule_name: str = 'gpipe',
+    num_virtual_stages: int = 1,
 ) -> Tuple[List[hyperparams.Params], BalanceReport]:
   """Balanced cells for a PipeliningLayer, and a report of the balance.
 
@@ -489,6 +525,9 @@ def PartitionWithReport(
     dtype: dtype of layers whose params leave it None (they inherit it from
       the pipeline): for 'time' and the activation memory.
     num_timing_runs: timed runs per layer for 'time', after one warm-up.
+    schedule_name: the PipeliningLayer's p.schedule, for the report's bubble.
+    num_virtual_stages: its p.num_virtual_stages (V): the K partitions
+      then run on K / V devices.
 
   Returns:
     (cells, report): K `SequentialLayer` params named `cell_{k}`, cell k's
@@ -504,6 +543,11 @@ def PartitionWithReport(
     raise ValueError(
         f'PartitionSequentialLayers: num_partitions={num_partitions} but '
         f'there are {n} layers; use between 1 and {n} partitions.')
+  try:  # the schedule's errors before any measuring
+    _Table(schedule_name, num_partitions, num_micro_batches,
+           num_virtual_stages)
+  except ValueError as err:
+    raise ValueError(f'PartitionSequentialLayers: {err}') from None
   num_params = _ParamCounts(layer_ps)
   name, costs, sizes = _LayerCosts(layer_ps, cost, input_shapes, dtype,
                                    num_params, num_timing_runs)
@@ -516,8 +560,9 @@ def PartitionWithReport(
         layer_costs=tuple(costs[a:b]), cost=sum(costs[a:b]),
         num_params=sum(num_params[a:b]),
         activation_bytes=None if None in part_sizes else sum(part_sizes)))
-  return (Cells(layer_ps, bounds),
-          BalanceReport(name, num_micro_batches, tuple(parts)))
+  return Cells(layer_ps, bounds), BalanceReport(
+      name, num_micro_batches, tuple(parts), schedule_name,
+      num_virtual_stages)
 
 
 def Cells(layer_ps: Sequence[hyperparams.Params], bounds: Sequence[int],
@@ -538,6 +583,8 @@ def PartitionSequentialLayers(
     dtype: tf.DType = tf.float32,
     num_timing_runs: int = 5,
     verbose: bool = True,
+    schedule_name: str = 'gpipe',
+    num_virtual_stages: int = 1,
 ) -> List[hyperparams.Params]:
   """K balanced `SequentialLayer` cells; logs the balance if verbose.
 
@@ -547,7 +594,8 @@ def PartitionSequentialLayers(
   cells, report = PartitionWithReport(
       layers, num_partitions, cost=cost, input_shapes=input_shapes,
       num_micro_batches=num_micro_batches, dtype=dtype,
-      num_timing_runs=num_timing_runs)
+      num_timing_runs=num_timing_runs, schedule_name=schedule_name,
+      num_virtual_stages=num_virtual_stages)
   if verbose:
     logging.info('%s', report)
   return cells

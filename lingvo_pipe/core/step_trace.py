@@ -2,11 +2,19 @@
 
 `Measure(fn, *args)` traces `fn` (a step that runs PipeliningLayers and
 their gradients) with every pipeline task stamped by the runtime
-(`pipeline_run.RecordTasks`: tf.timestamp on the task's device, so on the
+(`stamps.RecordTasks`: tf.timestamp on the task's device, so on the
 worker process that ran it), runs it `warmup` times, then once more, and
-returns that run as a `StepTrace`: each task (forward; backward, split at
-the end of its re-computation) with its measured start and end. Times are
-seconds from the step's first task start, on the trainer's clock.
+returns that run as a `StepTrace`: each task (an action of the schedule's
+table: forward; backward, split at the end of its re-computation) with
+its measured start and end. Times are seconds from the step's first task
+start, on the trainer's clock.
+
+The table that ran is read back from the trace (`StepTrace.Table`): the
+engine records each device's actions in the order it emits them, which
+is the table's order, and each stage's device from where its tasks ran.
+Its ideal bubble is `schedule.Simulate` of that table with each stage's
+measured mean forward and backward: the idle share this order would have
+with no hand-off and no overhead, whatever the schedule.
 
 Clocks: devices of this process share its clock. A worker task's stamps
 come from that process's clock (on another host, another machine's);
@@ -18,8 +26,9 @@ not, and the summary says so.
 
 `StepTrace.ChromeTrace()` is Chrome's trace event format (open in
 https://ui.perfetto.dev or chrome://tracing); `Svg()` draws one row per
-device in the manner of the paper's Figure 2, with the measured bubble
-beside GPipe's (K-1)/(M+K-1) and each device's busy fraction.
+device in the manner of the paper's Figure 2 (several stages share a row
+with interleaving), with the measured bubble beside the ideal for the
+order that ran and each device's busy fraction.
 """
 
 from __future__ import annotations
@@ -28,14 +37,15 @@ import contextlib
 import dataclasses
 import json
 import os
+import statistics
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from xml.sax import saxutils
 
 import tensorflow as tf
 
-from lingvo_pipe.core import pipeline_run
 from lingvo_pipe.core import schedule
+from lingvo_pipe.core import stamps
 from lingvo_pipe.core import timeline
 
 
@@ -45,7 +55,7 @@ class MeasuredTask:
   layer: str
   device: str
   phase: str  # 'F' or 'B'
-  partition: int
+  partition: int  # the stage
   micro_batch: int
   start: float
   end: float
@@ -54,6 +64,10 @@ class MeasuredTask:
   @property
   def name(self) -> str:
     return f'{self.phase}{self.micro_batch}'
+
+  @property
+  def action(self) -> schedule.Action:
+    return schedule.Action(self.phase, self.partition, self.micro_batch)
 
 
 @dataclasses.dataclass
@@ -77,21 +91,66 @@ class StepTrace:
     return mine
 
   def Shape(self, layer: str) -> Tuple[int, int]:
-    """(K, M) of `layer` in this step."""
-    mine = self._Mine(layer)
-    return (max(t.partition for t in mine) + 1,
-            max(t.micro_batch for t in mine) + 1)
+    """(K, M) of `layer` in this step: devices per replica, micro-batches."""
+    return (len(self.ReplicaDevices(layer)[0]),
+            max(t.micro_batch for t in self._Mine(layer)) + 1)
 
-  def Devices(self, layer: str) -> List[str]:
-    """Replica r's partition k's device at index r * K + k."""
-    per_partition: Dict[int, List[str]] = {}
+  def ReplicaDevices(self, layer: str) -> List[List[str]]:
+    """Per replica, its K devices; device d is the one of stage d.
+
+    Replicas are told apart by the order the step traced them in: the
+    r-th device seen running stage s is replica r's.
+    """
+    per_stage: Dict[int, List[str]] = {}
     for t in self._Mine(layer):  # in the order the step traced them
-      seen = per_partition.setdefault(t.partition, [])
+      seen = per_stage.setdefault(t.partition, [])
       if t.device not in seen:
         seen.append(t.device)
-    k = len(per_partition)
-    return [per_partition[i][r] for r in range(len(per_partition[0]))
-            for i in range(k)]
+    replicas = []
+    for r in range(len(per_stage[min(per_stage)])):
+      devs: List[str] = []
+      for s in sorted(per_stage):
+        if r < len(per_stage[s]) and per_stage[s][r] not in devs:
+          devs.append(per_stage[s][r])
+      replicas.append(devs)
+    return replicas
+
+  def Devices(self, layer: str) -> List[str]:
+    """Replica r's device d at index r * K + d."""
+    return [d for devs in self.ReplicaDevices(layer) for d in devs]
+
+  def Table(self, layer: str) -> schedule.Schedule:
+    """The table replica 0 ran, from its recorded actions (module
+    docstring); named after the generator that makes the same table, else
+    'as recorded'."""
+    mine = self._Mine(layer)
+    devs = self.ReplicaDevices(layer)[0]
+    stage_devices: Dict[int, int] = {}
+    order: List[List[schedule.Action]] = [[] for _ in devs]
+    for t in mine:
+      if t.device in devs:
+        d = devs.index(t.device)
+        stage_devices.setdefault(t.partition, d)
+        order[d].append(t.action)
+    table = schedule.Schedule(
+        'as recorded', max(t.micro_batch for t in mine) + 1,
+        tuple(stage_devices[s] for s in range(len(stage_devices))),
+        tuple(tuple(row) for row in order))
+    return _Named(table)
+
+  def MeanSeconds(self, layer: str) -> Tuple[List[float], List[float]]:
+    """Per stage, the mean measured forward and backward (re-computation
+    included), over micro-batches and replicas; 0 where none ran."""
+    mine = self._Mine(layer)
+    num_stages = max(t.partition for t in mine) + 1
+    means = []
+    for phase in schedule.PHASES:
+      per_stage: List[List[float]] = [[] for _ in range(num_stages)]
+      for t in mine:
+        if t.phase == phase:
+          per_stage[t.partition].append(t.end - t.start)
+      means.append([statistics.mean(x) if x else 0.0 for x in per_stage])
+    return means[0], means[1]
 
   def Span(self, layer: str) -> Tuple[float, float]:
     mine = self._Mine(layer)
@@ -110,22 +169,29 @@ class StepTrace:
     busy = self.BusyFractions(layer)
     return 1.0 - sum(busy) / len(busy)
 
-  def IdealBubble(self, layer: str) -> float:
-    return schedule.BubbleFraction(*self.Shape(layer))
+  def IdealBubble(self, layer: str, measured: bool = True) -> float:
+    """The idle share of the table that ran, simulated (schedule.Simulate)
+    with each stage's measured mean forward and backward, or with
+    `measured=False` unit forwards and backwards twice as long."""
+    table = self.Table(layer)
+    if not measured:
+      return schedule.Simulate(table).bubble
+    return schedule.Simulate(table, *self.MeanSeconds(layer)).bubble
 
   def Summary(self) -> str:
     """One line per layer: span, bubbles, busy fractions; then the clocks."""
     lines = []
     for layer in self.Layers():
-      k, m = self.Shape(layer)
       begin, end = self.Span(layer)
       busy = ', '.join(
           f'{timeline.ShortDeviceName(d)} {b:.0%}'
           for d, b in zip(self.Devices(layer), self.BusyFractions(layer)))
       lines.append(
-          f"{layer}: K={k} M={m}, step's pipeline {(end - begin) * 1e3:.1f} "
-          f'ms, measured bubble {self.Bubble(layer):.1%} (GPipe '
-          f'(K-1)/(M+K-1) = {self.IdealBubble(layer):.1%}); busy: {busy}')
+          f"{layer}: {_Shape(self, layer)}, step's pipeline "
+          f'{(end - begin) * 1e3:.1f} ms, measured bubble '
+          f'{self.Bubble(layer):.1%} (ideal for this order '
+          f'{self.IdealBubble(layer):.1%}: its table simulated with the '
+          f'measured mean F and B per stage); busy: {busy}')
     lines.append('clocks: ' + '; '.join(f'{where}: {how}' for where, how in
                                          sorted(self.clocks.items())))
     return '\n'.join(lines)
@@ -133,6 +199,7 @@ class StepTrace:
   def ChromeTrace(self) -> Dict[str, Any]:
     """Chrome trace event format: a process per device, times in us."""
     rows = _Rows(self)
+    multi = _MultiStage(self)
     events = []
     for pid, (layer, device) in enumerate(rows):
       events.append({'ph': 'M', 'name': 'process_name', 'pid': pid,
@@ -144,7 +211,7 @@ class StepTrace:
       args = {'layer': t.layer, 'partition': t.partition,
               'micro_batch': t.micro_batch}
       events.append({
-          'ph': 'X', 'name': t.name,
+          'ph': 'X', 'name': timeline.Label(t.action, multi[t.layer]),
           'cat': 'forward' if t.phase == 'F' else 'backward',
           'pid': pid, 'tid': 0, 'ts': t.start * 1e6,
           'dur': (t.end - t.start) * 1e6, 'args': args})
@@ -173,9 +240,40 @@ class StepTrace:
 
 
 def _Rows(trace: StepTrace) -> List[Tuple[str, str]]:
-  """(layer, device) per row: layers in order, partitions in order."""
+  """(layer, device) per row: layers in order, devices in order."""
   return [(layer, device) for layer in trace.Layers()
           for device in trace.Devices(layer)]
+
+
+def _MultiStage(trace: StepTrace) -> Dict[str, bool]:
+  """Per layer: whether its devices hold several stages (labels say
+  which, as timeline.Label)."""
+  return {layer: trace.Table(layer).num_stages > trace.Shape(layer)[0]
+          for layer in trace.Layers()}
+
+
+def _Named(table: schedule.Schedule) -> schedule.Schedule:
+  """`table` named after the generator (schedule.Make) that makes it."""
+  k, s = table.num_devices, table.num_stages
+  if not k or s % k:
+    return table
+  for name in schedule.SCHEDULES:
+    try:
+      made = schedule.Make(name, k, table.num_micro_batches, s // k)
+    except ValueError:
+      continue
+    if (made.order, made.stage_devices) == (table.order,
+                                            table.stage_devices):
+      return made
+  return table
+
+
+def _Shape(trace: StepTrace, layer: str) -> str:
+  """'K=2 M=4, 1f1b schedule', with V=.. before M when V > 1."""
+  table = trace.Table(layer)
+  k, s = table.num_devices, table.num_stages
+  v = f' V={s // k}' if s > k else ''
+  return f'K={k}{v} M={table.num_micro_batches}, {table.name} schedule'
 
 
 # ---- measuring ---------------------------------------------------------
@@ -247,7 +345,7 @@ class Tracer:
   """
 
   def __init__(self, fn: Callable[..., Any], *args: Any):
-    with pipeline_run.RecordTasks() as recorder:
+    with stamps.RecordTasks() as recorder:
       def Stamped(*inner):
         # fn's outputs are returned too: what nothing reads, the runtime
         # prunes, and the step would not be the step.
@@ -345,10 +443,9 @@ def _Svg(trace: StepTrace) -> str:
          '(measured, forward and backward; the update is not shown)</text>']
   y = 40
   for layer in trace.Layers():
-    k, m = trace.Shape(layer)
     out.append(
-        f'<text x="10" y="{y}">{esc(layer)}: K={k}, M={m}: measured bubble '
-        f'{trace.Bubble(layer):.1%}, GPipe (K-1)/(M+K-1) = '
+        f'<text x="10" y="{y}">{esc(layer)}: {_Shape(trace, layer)}: '
+        f'measured bubble {trace.Bubble(layer):.1%}, ideal for this order '
         f'{trace.IdealBubble(layer):.1%}</text>')
     y += 16
   top = max(_TOP, y)
@@ -362,25 +459,8 @@ def _Svg(trace: StepTrace) -> str:
                f'{esc(timeline.ShortDeviceName(device))} '
                f'({busy[(layer, device)]:.0%} busy)</text>')
     out.append(f'<rect x="{_LEFT}" y="{row_y}" width="{_WIDTH}" '
-               f'height="{_BAR_H}" fill="#eeeeee"/>')
-  for t in trace.tasks:
-    row_y = top + rows.index((t.layer, t.device)) * _ROW_H
-    x0, x1 = _LEFT + t.start * scale, _LEFT + t.end * scale
-    title = (f'{t.name} partition {t.partition}: {t.start * 1e3:.2f}-'
-             f'{t.end * 1e3:.2f} ms')
-    out.append(f'<rect x="{x0:.2f}" y="{row_y}" width="{max(x1 - x0, 0.5):.2f}'
-               f'" height="{_BAR_H}" fill="{_COLORS[t.phase]}" '
-               f'stroke="white" stroke-width="0.5"><title>{esc(title)}'
-               '</title></rect>')
-    if t.recomputed is not None:
-      xr = _LEFT + t.recomputed * scale
-      out.append(f'<rect x="{x0:.2f}" y="{row_y}" width="'
-                 f'{max(xr - x0, 0.5):.2f}" height="{_BAR_H}" '
-                 f'fill="{_COLORS["R"]}"><title>re-computation of '
-                 f'{esc(title)}</title></rect>')
-    if x1 - x0 > 18:
-      out.append(f'<text x="{(x0 + x1) / 2:.2f}" y="{row_y + 16}" '
-                 f'text-anchor="middle" fill="white">{t.name}</text>')
+               f'height="{_BAR_H}" fill="{timeline.IDLE_COLOR}"/>')
+  out += _SvgTasks(trace, rows, top, scale)
   axis_y = top + len(rows) * _ROW_H + 4
   step = _TickStep(end * 1e3)
   tick = 0.0
@@ -397,6 +477,35 @@ def _Svg(trace: StepTrace) -> str:
              're-computation, grey idle</text>')
   out.append('</svg>')
   return '\n'.join(out) + '\n'
+
+
+def _SvgTasks(trace: StepTrace, rows: List[Tuple[str, str]], top: float,
+              scale: float) -> List[str]:
+  """A box per task on its device's row (and its re-computation's); the
+  label names the stage too when a device holds several."""
+  multi = _MultiStage(trace)
+  esc = saxutils.escape
+  out = []
+  for t in trace.tasks:
+    row_y = top + rows.index((t.layer, t.device)) * _ROW_H
+    x0, x1 = _LEFT + t.start * scale, _LEFT + t.end * scale
+    label = timeline.Label(t.action, multi[t.layer])
+    title = (f'{t.name} stage {t.partition}: {t.start * 1e3:.2f}-'
+             f'{t.end * 1e3:.2f} ms')
+    out.append(f'<rect x="{x0:.2f}" y="{row_y}" width="{max(x1 - x0, 0.5):.2f}'
+               f'" height="{_BAR_H}" fill="{_COLORS[t.phase]}" '
+               f'stroke="white" stroke-width="0.5"><title>{esc(title)}'
+               '</title></rect>')
+    if t.recomputed is not None:
+      xr = _LEFT + t.recomputed * scale
+      out.append(f'<rect x="{x0:.2f}" y="{row_y}" width="'
+                 f'{max(xr - x0, 0.5):.2f}" height="{_BAR_H}" '
+                 f'fill="{_COLORS["R"]}"><title>re-computation of '
+                 f'{esc(title)}</title></rect>')
+    if x1 - x0 > 7 * len(label) + 4:
+      out.append(f'<text x="{(x0 + x1) / 2:.2f}" y="{row_y + 16}" '
+                 f'text-anchor="middle" fill="white">{label}</text>')
+  return out
 
 
 def _TickStep(total_ms: float) -> float:

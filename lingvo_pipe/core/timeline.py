@@ -1,28 +1,32 @@
-"""The pipeline schedule as a picture (SVG), for people who would rather look.
+"""A schedule's table as a picture (SVG), for people who would rather look.
 
-One row per device, one column per clock tick; forward tasks blue,
-backward tasks orange, idle ticks (the bubble) left grey:
+One row per device; each action a box placed where `schedule.Simulate`
+runs it with unit forwards and backwards twice as long, its width its
+duration; forwards blue, backwards orange, idle time (the bubble) grey.
+1F1B, K=2, M=3 (a column is one unit of time):
 
-  dev 0 | F0 F1 F2 F3 .  .  .  B3 B2 B1 B0
-  dev 1 | .  F0 F1 F2 F3 .  B3 B2 B1 B0 .
-  ...
+  dev 0 | F0 F1 .  .  B0 B0 F2 B1 B1 .  B2 B2
+  dev 1 | .  F0 B0 B0 F1 B1 B1 F2 B2 B2 .  .      bubble 25.0%
 
-The trainer writes one `pipeline_<layer>.svg` per PipeliningLayer into the
-logdir. Plain SVG text: no plotting library needed, any browser shows it.
+A box is labelled F<m> / B<m>, plus s<stage> when a device holds several
+stages (interleaved schedules). The trainer writes one
+`pipeline_<layer>.svg` per PipeliningLayer into the logdir, of the table
+it trains with. Plain SVG text: no plotting library needed.
 """
 
 from __future__ import annotations
 
-from typing import List
+from typing import Sequence
 from xml.sax import saxutils
 
 import tensorflow as tf
 
 from lingvo_pipe.core import schedule
 
-_CELL_W, _CELL_H, _LEFT, _TOP = 34, 26, 190, 48
+_UNIT_W, _CELL_H, _LEFT, _TOP = 36, 26, 190, 48
 # Forward blue, backward orange (step_trace's measured picture uses them too).
 PHASE_COLORS = {'F': '#4a90d9', 'B': '#e8913a'}
+IDLE_COLOR = '#eeeeee'
 
 
 def ShortDeviceName(name: str) -> str:
@@ -39,39 +43,59 @@ def ShortDeviceName(name: str) -> str:
   return short
 
 
-def ScheduleSvg(num_partitions: int, num_micro_batches: int,
-                devices: List[str], title: str = '') -> str:
-  """An SVG document of the GPipe schedule for K partitions, M batches."""
-  if len(devices) != num_partitions:
+def Label(action: schedule.Action, multi_stage: bool) -> str:
+  """'F3', or 'F3s5' when devices hold several stages."""
+  return action.short + (f's{action.stage}' if multi_stage else '')
+
+
+def Heading(table: schedule.Schedule, bubble: float, title: str = '') -> str:
+  """'<title>  <name> schedule, K=.., [V=..,] M=.., bubble ..%'."""
+  k, s = table.num_devices, table.num_stages
+  shape = (f'K={k} devices x V={s // k} stages' if s > k else
+           f'K={k} partitions')
+  return (f'{title}  {table.name} schedule, {shape}, '
+          f'M={table.num_micro_batches} micro-batches, bubble {bubble:.1%}'
+          ).strip()
+
+
+def ScheduleSvg(table: schedule.Schedule, devices: Sequence[str],
+                title: str = '') -> str:
+  """An SVG document of `table`, one row per device (module docstring).
+
+  `devices[d]` names device d of the table (e.g. `layer.devices`); the
+  heading gives the table's name, K, V, M and its simulated bubble.
+  """
+  if len(devices) != table.num_devices:
     raise ValueError(
-        f'ScheduleSvg got {len(devices)} device names for {num_partitions} '
-        'partitions; pass one per partition.')
-  tasks = schedule.GPipeSchedule(num_partitions, num_micro_batches)
-  ticks = max(t.tick for t in tasks) + 1
-  width = _LEFT + max(ticks * _CELL_W, 540) + 20
-  height = _TOP + num_partitions * _CELL_H + 40
-  bubble = schedule.BubbleFraction(num_partitions, num_micro_batches)
-  heading = (f'{title}  K={num_partitions} partitions, '
-             f'M={num_micro_batches} micro-batches, bubble {bubble:.1%}')
+        f'ScheduleSvg got {len(devices)} device names for a table of '
+        f'{table.num_devices} devices; pass one per device.')
+  sim = schedule.Simulate(table)
+  width = _LEFT + max(int(sim.step * _UNIT_W), 540) + 20
+  height = _TOP + table.num_devices * _CELL_H + 40
+  esc = saxutils.escape
   out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
          f'height="{height}" font-family="monospace" font-size="12">',
          f'<text x="10" y="20" font-size="14">'
-         f'{saxutils.escape(heading.strip())}</text>']
-  for k, device in enumerate(devices):
-    y = _TOP + k * _CELL_H
-    label = f'{k}: {ShortDeviceName(device)}'
-    out.append(f'<text x="10" y="{y + 17}">{saxutils.escape(label)}</text>')
-    out.append(f'<rect x="{_LEFT}" y="{y}" width="{ticks * _CELL_W}" '
-               f'height="{_CELL_H - 2}" fill="#eeeeee"/>')
-  for t in tasks:
-    x, y = _LEFT + t.tick * _CELL_W, _TOP + t.partition * _CELL_H
-    out.append(f'<rect x="{x + 1}" y="{y}" width="{_CELL_W - 2}" '
-               f'height="{_CELL_H - 2}" fill="{PHASE_COLORS[t.phase]}"/>')
-    out.append(f'<text x="{x + 6}" y="{y + 17}" fill="white">'
-               f'{t.phase}{t.micro_batch}</text>')
-  legend_y = _TOP + num_partitions * _CELL_H + 24
-  out.append(f'<text x="{_LEFT}" y="{legend_y}">clock tick -&gt;   '
-             'F = forward, B = backward (re-computes first), grey = idle'
-             '</text>')
+         f'{esc(Heading(table, sim.bubble, title))}</text>']
+  for d, device in enumerate(devices):
+    y = _TOP + d * _CELL_H
+    label = f'{d}: {ShortDeviceName(device)}'
+    out.append(f'<text x="10" y="{y + 17}">{esc(label)}</text>')
+    out.append(f'<rect x="{_LEFT}" y="{y}" width="{sim.step * _UNIT_W:g}" '
+               f'height="{_CELL_H - 2}" fill="{IDLE_COLOR}"/>')
+  multi = table.num_stages > table.num_devices
+  for d, row in enumerate(table.order):
+    y = _TOP + d * _CELL_H
+    for a in row:
+      start, end = sim.times[a]
+      x, w = _LEFT + start * _UNIT_W, (end - start) * _UNIT_W
+      out.append(f'<rect x="{x + 1:g}" y="{y}" width="{max(w - 2, 1):g}" '
+                 f'height="{_CELL_H - 2}" fill="{PHASE_COLORS[a.phase]}"/>')
+      out.append(f'<text x="{x + w / 2:g}" y="{y + 17}" text-anchor='
+                 f'"middle" fill="white">{Label(a, multi)}</text>')
+  legend_y = _TOP + table.num_devices * _CELL_H + 24
+  out.append(f'<text x="{_LEFT}" y="{legend_y}">time -&gt; (forward 1, '
+             'backward 2): F = forward, B = backward (re-computes first), '
+             'grey = idle</text>')
   out.append('</svg>')
   return '\n'.join(out) + '\n'

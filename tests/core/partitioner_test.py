@@ -20,6 +20,7 @@ from lingvo_pipe.core import base_layer  # noqa: E402
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
 from lingvo_pipe.core import partitioner  # noqa: E402
+from lingvo_pipe.core import schedule  # noqa: E402
 from lingvo_pipe.core import transformer_layers  # noqa: E402
 from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
 
@@ -250,7 +251,45 @@ class PipelineTest(tf.test.TestCase, parameterized.TestCase):
                         atol=1e-12, rtol=0)
 
 
-class ReportTest(tf.test.TestCase):
+class ReportTest(tf.test.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      # Balanced GPipe: (K-1) / (M+K-1) = 1/3.
+      ('balanced', [2, 2], 'gpipe', 1, 2, 1 / 3,
+       'K=2 partitions, M=2 micro-batches, bubble 33.3% (gpipe'),
+      # Stage 1 three times stage 0, M=3, by hand: device 1 works 27 of a
+      # step of 30 (it waits 1 for its first input, 2 for stage 0's last
+      # backward); device 0 works 9: 1 - 36/60.
+      ('imbalanced', [1, 3], 'gpipe', 1, 3, 0.4,
+       'K=2 partitions, M=3 micro-batches, bubble 40.0% (gpipe'),
+      ('imbalanced_1f1b', [1, 3], '1f1b', 1, 3, 0.4,
+       'bubble 40.0% (1f1b, backward = 2 x forward)'),
+      # Stages 0, 2 on device 0 and 1, 3 on device 1: a step of 15 units,
+      # 12 busy on each device (timeline_test works it out).
+      ('interleaved', [1, 1, 1, 1], 'interleaved_1f1b', 2, 2, 0.2,
+       'K=2 devices x V=2 stages, M=2 micro-batches, bubble 20.0% '
+       '(interleaved_1f1b'))
+  def testBubbleIsTheTableSimulatedWithTheCosts(self, costs, name, v, m,
+                                                bubble, head):
+    _, report = partitioner.PartitionWithReport(
+        _Projections([4] * (len(costs) + 1)), len(costs), costs,
+        num_micro_batches=m, schedule_name=name, num_virtual_stages=v)
+    self.assertEqual(report.costs, costs)  # one layer per partition
+    self.assertEqual(report.Table(), schedule.Make(name, len(costs) // v, m,
+                                                   v))
+    self.assertAlmostEqual(report.bubble_fraction, bubble)
+    self.assertIn(head, str(report).splitlines()[0])
+
+  def testScheduleErrorsBeforeMeasuring(self):
+    ps = _Projections([4] * 4)
+    with self.assertRaisesRegex(
+        ValueError, r'^PartitionSequentialLayers: num_virtual_stages=2 must '
+        'be a positive divisor of the 3 partitions'):
+      partitioner.PartitionWithReport(ps, 3, 'time', num_virtual_stages=2)
+    with self.assertRaisesRegex(ValueError, 'needs M a multiple of K'):
+      partitioner.PartitionSequentialLayers(
+          _Projections([4] * 5), 4, 'params', num_micro_batches=3,
+          schedule_name='interleaved_1f1b', num_virtual_stages=2)
 
   def testBubbleImbalanceAndTable(self):
     ps = _Projections([4, 8, 16, 8, 4, 4, 8, 4])
@@ -258,15 +297,20 @@ class ReportTest(tf.test.TestCase):
         ps, 4, 'flops', input_shapes=[2, 4], num_micro_batches=8)
     self.assertLen(cells, 4)
     self.assertEqual(report.num_partitions, 4)
-    self.assertEqual(report.bubble_fraction, 3 / 11)
+    # The costs' imbalance shows: more idle than a balanced split's 3/11.
+    self.assertAlmostEqual(report.bubble_fraction, schedule.Simulate(
+        schedule.Make('gpipe', 4, 8), report.costs,
+        [2 * c for c in report.costs]).bubble)
+    self.assertGreater(report.bubble_fraction, 3 / 11)
     layer_flops = [c for p in report.partitions for c in p.layer_costs]
     self.assertEqual(sum(report.costs), sum(layer_flops))
     self.assertEqual(report.total_cost, sum(layer_flops))
     self.assertAlmostEqual(report.imbalance,
                            max(report.costs) / (sum(layer_flops) / 4))
     lines = str(report).splitlines()
-    self.assertIn('K=4 partitions, M=8 micro-batches, bubble 27.3%',
-                  lines[0])
+    self.assertIn('K=4 partitions, M=8 micro-batches, bubble '
+                  f'{report.bubble_fraction:.1%} (gpipe, backward = 2 x '
+                  'forward)', lines[0])
     self.assertIn('cost (flops)', lines[1])
     rows = lines[2:6]
     for k, (row, part) in enumerate(zip(rows, report.partitions)):

@@ -1,9 +1,12 @@
 """Tests of step_trace: the measured timeline of one step.
 
-On 4 logical CPUs: the trace holds exactly the schedule's tasks, each
-starting after the tasks it depends on end, each device running its tasks
-in GPipe's order; recording changes no gradient; the Chrome trace and the
-SVG hold every task.
+On 4 logical CPUs: the trace holds exactly the table's actions, each
+starting after the actions it reads end, each device running its actions
+in the table's order; the table read back from the trace is the one that
+ran, and its ideal bubble is its simulation. Measured from the stamps of
+one-pass training steps: 1F1B's stage k holds at most K-k micro-batches
+(GPipe's holds all M). Recording changes no gradient; the Chrome trace
+and the SVG hold every task.
 """
 
 import json
@@ -24,21 +27,26 @@ from tensorflow.python.framework import config as tf_config  # noqa: E402
 
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
-from lingvo_pipe.core import pipeline_run  # noqa: E402
 from lingvo_pipe.core import schedule  # noqa: E402
+from lingvo_pipe.core import stamps  # noqa: E402
 from lingvo_pipe.core import step_trace  # noqa: E402
+from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
 from tests.core import replica_task  # noqa: E402
 
 _K, _M = 2, 4
+_BATCH = 32
+F, B = 'F', 'B'
 
 
-def _Layer(recompute):
+def _Layer(recompute, schedule_name='gpipe', k=_K, m=_M, v=1):
+  """k x v stages 32 -> 128 -> 32 -> ..., stage s on device s mod k."""
   proj = layers.ProjectionLayer.Params
+  cells = [proj().Set(input_dim=32, output_dim=128, activation='RELU'),
+           proj().Set(input_dim=128, output_dim=32)] * (k * v // 2)
   p = gpipe.PipeliningLayer.Params().Set(
-      name='pipe', num_micro_batches=_M, recompute=recompute,
-      devices=devices.LogicalDevices('CPU')[:_K],
-      cell_tpl=[proj().Set(input_dim=32, output_dim=128, activation='RELU'),
-                proj().Set(input_dim=128, output_dim=32)])
+      name='pipe', num_micro_batches=m, recompute=recompute,
+      schedule=schedule_name, num_virtual_stages=v,
+      devices=devices.LogicalDevices('CPU')[:k], cell_tpl=cells)
   layer = p.Instantiate()
   layer.SetTraining(True)
   return layer
@@ -53,39 +61,74 @@ def _Step(layer):
   return Step
 
 
+def _Head(head_theta, out, batch):
+  """Mean over examples of |out - target|^2."""
+  del head_theta
+  n = tf.cast(tf.shape(out)[0], out.dtype)
+  per_example = tf.reduce_sum(tf.square(out - batch.target), axis=1)
+  return {'loss': (tf.reduce_sum(per_example) / n, n)}
+
+
+def _OnePassStep(layer):
+  """One training pass in the layer's schedule (FPropWithLoss)."""
+  def Step(x):
+    with tf.GradientTape() as tape:
+      metrics = layer.FPropWithLoss(
+          layer.theta, x, _Head, NestedMap(), NestedMap(target=x),
+          tf.constant(float(x.shape[0])))
+    return tape.gradient(metrics['loss'][0], layer.vars.Flatten())
+  return Step
+
+
+def _MeasuredPeaks(mine, num_stages, num_micro_batches):
+  """Per stage, the most micro-batches held at once by the stamps: m is
+  held on stage s from the end of F(s, m) to the end of B(s, m)."""
+  ends = {t.action: t.end for t in mine}
+  peaks = []
+  for s in range(num_stages):
+    spans = [(ends[schedule.Action(F, s, m)], ends[schedule.Action(B, s, m)])
+             for m in range(num_micro_batches)]
+    peaks.append(max(sum(1 for f, b in spans if f <= t < b)
+                     for t, _ in spans))
+  return peaks
+
+
 class StepTraceTest(parameterized.TestCase):
 
-  def _CheckSchedule(self, trace, layer_path, devs, recomputing):
-    """`recomputing`: the partitions whose backward re-computes."""
+  def _CheckSchedule(self, trace, layer_path, table, devs, recomputing,
+                     loss_waits_for_all=True):
+    """The measured actions against `table`, run on `devs` (its K devices).
+
+    `recomputing`: the stages whose backward re-computes.
+    `loss_waits_for_all`: the loss (FProp's caller's) needs every
+    micro-batch, so the last stage's backwards wait for every forward.
+    """
     mine = [t for t in trace.tasks if t.layer == layer_path]
-    by_key = {(t.phase, t.partition, t.micro_batch): t for t in mine}
-    want = {(t.phase, t.partition, t.micro_batch)
-            for t in schedule.GPipeSchedule(_K, _M)}
-    self.assertLen(mine, len(want))
-    self.assertEqual(set(by_key), want)
+    by_key = {t.action: t for t in mine}
+    self.assertLen(mine, len(table.Actions()))
+    self.assertEqual(set(by_key), set(table.Actions()))
+    last = table.num_stages - 1
     for t in mine:
-      self.assertEqual(t.device, devs[t.partition])
+      self.assertEqual(t.device, devs[table.stage_devices[t.partition]])
       self.assertLessEqual(0.0, t.start)
       self.assertLessEqual(t.start, t.end)
-      if t.phase == 'B' and t.partition in recomputing:
+      if t.phase == B and t.partition in recomputing:
         self.assertBetween(t.recomputed, t.start, t.end)
       else:
         self.assertIsNone(t.recomputed)
-    last_forward = max(by_key[('F', _K - 1, m)].end for m in range(_M))
-    for (phase, k, m), t in by_key.items():
-      if phase == 'F':
-        deps = [by_key[('F', k - 1, m)].end] if k else []
-      else:
-        deps = [by_key[('F', k, m)].end]
-        deps.append(by_key[('B', k + 1, m)].end if k + 1 < _K else
-                    last_forward)  # the loss needs every micro-batch
+    last_forward = max(t.end for a, t in by_key.items()
+                       if a.phase == F and a.stage == last)
+    for a, t in by_key.items():
+      deps = [by_key[x].end for x in schedule.Dependencies(a, last + 1)]
+      if loss_waits_for_all and a.phase == B and a.stage == last:
+        deps.append(last_forward)
       for dep_end in deps:
-        self.assertGreaterEqual(t.start, dep_end, (phase, k, m))
-    for k, order in schedule.PerDeviceOrder(_K, _M).items():
-      ran = sorted((t for t in mine if t.partition == k),
+        self.assertGreaterEqual(t.start, dep_end, str(a))
+    # On each device, by the stamps, the table's order, one at a time.
+    for d, row in enumerate(table.order):
+      ran = sorted((t for t in mine if t.device == devs[d]),
                    key=lambda t: t.start)
-      self.assertEqual([(t.phase, t.micro_batch) for t in ran],
-                       [(t.phase, t.micro_batch) for t in order])
+      self.assertEqual([t.action for t in ran], list(row))
       for before, after in zip(ran, ran[1:]):
         self.assertGreaterEqual(after.start, before.end)
 
@@ -99,22 +142,74 @@ class StepTraceTest(parameterized.TestCase):
     self.assertEqual(trace.Devices('pipe'), layer.devices)
     recomputing = {'always': {0, 1}, 'never': set(),
                    'except_last': {0}}[recompute]
-    self._CheckSchedule(trace, 'pipe', layer.devices, recomputing)
+    table = schedule.Make('gpipe', _K, _M)  # FProp's, then its gradient
+    self._CheckSchedule(trace, 'pipe', table, layer.devices, recomputing)
+    self.assertEqual(trace.Table('pipe'), table)
     busy = trace.BusyFractions('pipe')
     self.assertLen(busy, _K)
     for b in busy:
       self.assertBetween(b, 0.0, 1.0)
     self.assertAlmostEqual(trace.Bubble('pipe'), 1 - sum(busy) / _K)
-    self.assertEqual(trace.IdealBubble('pipe'), 1 / 5)
-    self.assertIn('measured bubble', trace.Summary())
-    self.assertIn('(K-1)/(M+K-1) = 20.0%', trace.Summary())
-    self.assertIn("this process: the trainer's own clock", trace.Summary())
+    # GPipe, K=2, M=4, forward 1, backward 2: a step of 5 x 3, each device
+    # busy 4 x 3.
+    self.assertAlmostEqual(trace.IdealBubble('pipe', measured=False), 0.2)
+    summary = trace.Summary()
+    self.assertRegex(summary, r'pipe: K=2 M=4, gpipe schedule, .* measured '
+                     r'bubble \d+\.\d% \(ideal for this order \d+\.\d%')
+    self.assertNotIn('(K-1)', summary)
+    self.assertIn("this process: the trainer's own clock", summary)
+
+  @parameterized.named_parameters(
+      # 1F1B: stage k holds at most K-k micro-batches, whatever M.
+      ('1f1b', '1f1b', 4, 1, 8, [4, 3, 2, 1]),
+      # GPipe holds every micro-batch on every stage until its backwards.
+      ('gpipe', 'gpipe', 4, 1, 8, [8, 8, 8, 8]),
+      # Stages 0, 2 on device 0 and 1, 3 on device 1.
+      ('interleaved', 'interleaved_1f1b', 2, 2, 4, [4, 3, 2, 1]))
+  def testAOnePassStepRunsItsTableAndHoldsWhatItShould(
+      self, name, k, v, m, peaks):
+    layer = _Layer('always', name, k, m, v)
+    table = layer.Table(m)
+    x = tf.random.stateless_normal([_BATCH, 32], [11, 12])
+    trace = step_trace.Measure(_OnePassStep(layer), x, warmup=1)
+    self._CheckSchedule(trace, 'pipe', table, layer.devices,
+                        set(range(k * v)), loss_waits_for_all=False)
+    mine = [t for t in trace.tasks if t.layer == 'pipe']
+    self.assertEqual(_MeasuredPeaks(mine, k * v, m), peaks)
+    # Read back from the trace: the table, one row per device.
+    self.assertEqual(trace.Table('pipe'), table)
+    self.assertEqual(trace.Table('pipe').name, name)
+    self.assertEqual(trace.Shape('pipe'), (k, m))
+    self.assertEqual(trace.Devices('pipe'), layer.devices)
+    self.assertLen(trace.BusyFractions('pipe'), k)
+    self.assertAlmostEqual(trace.IdealBubble('pipe', measured=False),
+                           schedule.Simulate(table).bubble)
+    means = [[np.mean([t.end - t.start for t in mine
+                       if t.phase == phase and t.partition == s])
+              for s in range(k * v)] for phase in 'FB']
+    self.assertAlmostEqual(trace.IdealBubble('pipe'),
+                           schedule.Simulate(table, *means).bubble)
+    shape = f'K={k} V={v} M={m}' if v > 1 else f'K={k} M={m}'
+    self.assertIn(f'pipe: {shape}, {name} schedule', trace.Summary())
+    svg = ElementTree.fromstring(trace.Svg())
+    ns = '{http://www.w3.org/2000/svg}'
+    rows = [r for r in svg.iter(ns + 'rect') if r.get('fill') == '#eeeeee']
+    self.assertLen(rows, k)
+    titles = [r.find(ns + 'title').text for r in svg.iter(ns + 'rect')
+              if r.find(ns + 'title') is not None]
+    self.assertIn('F0 stage 1: ', '\n'.join(titles))
+    # Chrome's names say the stage when a device holds several.
+    names = sorted(e['name'] for e in trace.ChromeTrace()['traceEvents']
+                   if e['ph'] == 'X' and e['cat'] != 'recompute')
+    want = [f'{a.phase}{a.micro_batch}' + (f's{a.stage}' if v > 1 else '')
+            for a in table.Actions()]
+    self.assertEqual(names, sorted(want))
 
   def testRecordingChangesNoGradient(self):
     layer = _Layer('always')
     x = tf.random.stateless_normal([32, 32], [3, 4])
     plain = tf.function(_Step(layer), autograph=False)(x)
-    with pipeline_run.RecordTasks() as recorder:
+    with stamps.RecordTasks() as recorder:
       recorded = tf.function(_Step(layer), autograph=False)
       recorded.get_concrete_function(x)
     with step_trace.TimestampsAllowed():
@@ -166,12 +261,11 @@ class StepTraceTest(parameterized.TestCase):
     for r in range(2):
       devs = task.pipe.ReplicaDevices(r)
       mine = [t for t in trace.tasks if t.device in devs]
-      self.assertEqual(sorted((t.phase, t.partition, t.micro_batch)
-                              for t in mine),
-                       sorted((t.phase, t.partition, t.micro_batch)
-                              for t in schedule.GPipeSchedule(2, 2)))
+      self.assertCountEqual([t.action for t in mine],
+                            schedule.Make('gpipe', 2, 2).Actions())
       for t in mine:
         self.assertEqual(t.device, devs[t.partition])
+    self.assertEqual(trace.Table('task/pipe'), schedule.Make('gpipe', 2, 2))
     self.assertEqual(int(task._State('x').global_step.numpy()), 0)  # pylint: disable=protected-access
 
   def testMeasuresWithOpDeterminismOnAndLeavesItOn(self):
@@ -203,7 +297,8 @@ class StepTraceTest(parameterized.TestCase):
     traces = [tracer.Run() for _ in range(3)]
     self.assertLen(calls, 1)
     for trace in traces:
-      self._CheckSchedule(trace, 'pipe', layer.devices, {0, 1})
+      self._CheckSchedule(trace, 'pipe', schedule.Make('gpipe', _K, _M),
+                          layer.devices, {0, 1})
       self.assertEqual(min(t.start for t in trace.tasks), 0.0)
     # Each run is its own: the stamps are not the first run's again.
     self.assertNotEqual([t.end for t in traces[0].tasks],
