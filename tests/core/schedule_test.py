@@ -1,0 +1,312 @@
+"""Tests of lingvo_pipe.core.schedule: tables, validator and simulator.
+
+The expected tables are written by hand from each schedule's definition,
+as 'F<stage>.<micro-batch>' per action, one string per device.
+"""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from lingvo_pipe.core import schedule
+
+A = schedule.Action
+
+
+def _Row(text):
+  """'F0.1 B0.0' -> (Action('F', 0, 1), Action('B', 0, 0))."""
+  out = []
+  for word in text.split():
+    stage, micro_batch = word[1:].split('.')
+    out.append(A(word[0], int(stage), int(micro_batch)))
+  return tuple(out)
+
+
+def _Rows(*texts):
+  return tuple(_Row(t) for t in texts)
+
+
+def _Table(num_micro_batches, stage_devices, *texts):
+  return schedule.Schedule('hand', num_micro_batches, tuple(stage_devices),
+                           _Rows(*texts))
+
+
+def _Cases(names=('gpipe', '1f1b', 'interleaved_1f1b')):
+  """(name, K, M, V) over K 1-5, M 1-12; V 1-3 for GPipe, 2-4 interleaved."""
+  for k in range(1, 6):
+    for m in range(1, 13):
+      if 'gpipe' in names:
+        for v in (1, 2, 3):
+          yield 'gpipe', k, m, v
+      if '1f1b' in names:
+        yield '1f1b', k, m, 1
+      if 'interleaved_1f1b' in names and m % k == 0:
+        for v in (2, 3, 4):
+          yield 'interleaved_1f1b', k, m, v
+
+
+def _Leading(name, k, d, m, v):
+  """Forwards device d runs before its first backward, by definition.
+
+  1F1B and interleaved: the warm-up, then the first forward of the steady
+  state, if any. Also the most micro-batches the device holds at once.
+  """
+  if name == 'gpipe':
+    return m * v
+  if name == '1f1b':
+    return min(k - d, m)
+  return min(2 * (k - 1 - d) + (v - 1) * k + 1, m * v)
+
+
+class GeneratorTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('GPipeK2M3', lambda: schedule.GPipe(2, 3), (0, 1), (
+          'F0.0 F0.1 F0.2 B0.2 B0.1 B0.0',
+          'F1.0 F1.1 F1.2 B1.2 B1.1 B1.0')),
+      ('GPipeK3M2', lambda: schedule.GPipe(3, 2), (0, 1, 2), (
+          'F0.0 F0.1 B0.1 B0.0',
+          'F1.0 F1.1 B1.1 B1.0',
+          'F2.0 F2.1 B2.1 B2.0')),
+      # V=2: stages 0, 2 on device 0 and 1, 3 on device 1; forwards by the
+      # clock tick stage + micro-batch, backwards in reverse.
+      ('GPipeK2M2V2', lambda: schedule.GPipe(2, 2, 2), (0, 1, 0, 1), (
+          'F0.0 F0.1 F2.0 F2.1 B2.1 B2.0 B0.1 B0.0',
+          'F1.0 F1.1 F3.0 F3.1 B3.1 B3.0 B1.1 B1.0')),
+      # Warm-up K-1-d = 2, 1, 0 forwards; then F, B in turn; then the rest.
+      ('OneFOneBK3M4', lambda: schedule.OneFOneB(3, 4), (0, 1, 2), (
+          'F0.0 F0.1 F0.2 B0.0 F0.3 B0.1 B0.2 B0.3',
+          'F1.0 F1.1 B1.0 F1.2 B1.1 F1.3 B1.2 B1.3',
+          'F2.0 B2.0 F2.1 B2.1 F2.2 B2.2 F2.3 B2.3')),
+      # M=1: device 0's warm-up (K-1 = 1) takes the only micro-batch.
+      ('OneFOneBK2M1', lambda: schedule.OneFOneB(2, 1), (0, 1), (
+          'F0.0 B0.0',
+          'F1.0 B1.0')),
+      # M=2 < K-1 = 3: warm-up capped at M on devices 0 and 1.
+      ('OneFOneBK4M2', lambda: schedule.OneFOneB(4, 2), (0, 1, 2, 3), (
+          'F0.0 F0.1 B0.0 B0.1',
+          'F1.0 F1.1 B1.0 B1.1',
+          'F2.0 F2.1 B2.0 B2.1',
+          'F3.0 B3.0 F3.1 B3.1')),
+      # K=2, V=2, M=4. i-th forward: chunk (i % 4) // 2, micro-batch
+      # (i // 4) * 2 + i % 2, stage chunk * 2 + d; backwards with the chunk
+      # reversed. Warm-up 2(K-1-d) + (V-1)K = 4 on device 0, 2 on device 1.
+      #   forwards  dev 0: F0.0 F0.1 F2.0 F2.1 F0.2 F0.3 F2.2 F2.3
+      #   backwards dev 0: B2.0 B2.1 B0.0 B0.1 B2.2 B2.3 B0.2 B0.3
+      ('InterleavedK2V2M4', lambda: schedule.Interleaved1F1B(2, 4, 2),
+       (0, 1, 0, 1), (
+           'F0.0 F0.1 F2.0 F2.1 F0.2 B2.0 F0.3 B2.1 '
+           'F2.2 B0.0 F2.3 B0.1 B2.2 B2.3 B0.2 B0.3',
+           'F1.0 F1.1 F3.0 B3.0 F3.1 B3.1 F1.2 B1.0 '
+           'F1.3 B1.1 F3.2 B3.2 F3.3 B3.3 B1.2 B1.3')),
+  )
+  def testLiteralTable(self, make, stage_devices, rows):
+    table = make()
+    self.assertEqual(_Rows(*rows), table.order, msg='\n' + table.Text())
+    self.assertEqual(tuple(stage_devices), table.stage_devices)
+    schedule.Validate(table)
+
+  def testMakeNamesAndValidates(self):
+    for name, k, m, v in _Cases():
+      with self.subTest(name=name, k=k, m=m, v=v):
+        table = schedule.Make(name, k, m, v)
+        self.assertEqual(name, table.name)
+        self.assertEqual(m, table.num_micro_batches)
+        self.assertEqual(k, table.num_devices)
+        self.assertEqual(tuple(s % k for s in range(k * v)),
+                         table.stage_devices)
+        for d, row in enumerate(table.order):
+          phases = ''.join(a.phase for a in row)
+          self.assertEqual(_Leading(name, k, d, m, v),
+                           len(phases) - len(phases.lstrip('F')))
+          if name != 'gpipe':  # then one F and one B in turn
+            self.assertNotIn('FF', phases.lstrip('F'))
+
+  def testRunOrderAfterForwards(self):
+    table = schedule.Make('1f1b', 3, 4)
+    order = schedule.RunOrder(table.Only('B'), table.Actions('F'))
+    self.assertLen(order, 12)
+    self.assertEqual((2, A('B', 2, 0)), order[0])
+    with self.assertRaisesRegex(ValueError, r'B\(stage 0, micro-batch 0\) '
+                                r'on device 0 waits for F\(stage 0'):
+      schedule.RunOrder(table.Only('B'))
+
+
+class ValidateTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('WrongDevice', _Table(1, (0, 1), 'F0.0 F1.0 B0.0', 'B1.0'),
+       r"^Schedule 'hand': F\(stage 1, micro-batch 0\) is on device 0, but "
+       r'stage 1 runs on device 1\.$'),
+      ('Twice', _Table(2, (0, 1), 'F0.0 F0.1 B0.0 B0.1 B0.0',
+                       'F1.0 F1.1 B1.1 B1.0'),
+       r"^Schedule 'hand': B\(stage 0, micro-batch 0\) appears twice\.$"),
+      ('Missing', _Table(2, (0, 1), 'F0.0 F0.1 B0.1 B0.0',
+                         'F1.0 F1.1 B1.0'),
+       r"^Schedule 'hand': B\(stage 1, micro-batch 1\) is missing\.$"),
+      ('NotAnAction', _Table(1, (0,), 'F0.0 B0.0 F0.1'),
+       r"^Schedule 'hand': device 0 lists F\(stage 0, micro-batch 1\), "
+       r'which is not an action of 1 stages and 1 micro-batches\.$'),
+      ('StageOffTheTable', _Table(1, (0, 2), 'F0.0 B0.0', 'F1.0 B1.0'),
+       r"^Schedule 'hand': stage 1 is on device 2, but the table has "
+       r'devices 0\.\.1\.$'),
+      # A backward listed before its own forward.
+      ('DeadlockOnOneDevice', _Table(1, (0,), 'B0.0 F0.0'),
+       r"^Schedule 'hand' deadlocks: B\(stage 0, micro-batch 0\) on device "
+       r'0 waits for F\(stage 0, micro-batch 0\), which device 0 never '
+       r'reaches first\.$'),
+      # Device 1 runs F1.1 first, which waits for F0.1, which device 0 runs
+      # after B0.0, which waits for B1.0, which is after F1.1.
+      ('DeadlockAcrossTwoDevices', _Table(2, (0, 1), 'F0.0 B0.0 F0.1 B0.1',
+                                          'F1.1 F1.0 B1.0 B1.1'),
+       r"^Schedule 'hand' deadlocks: B\(stage 0, micro-batch 0\) on device "
+       r'0 waits for B\(stage 1, micro-batch 0\), which device 1 never '
+       r'reaches first\.$'),
+      # V=2: device 0 puts B0.0 before F2.0; B0.0 needs B1.0 <- B2.0 <-
+      # F2.0, while device 1 waits in F3.0 for F2.0.
+      ('DeadlockLooped', _Table(1, (0, 1, 0, 1), 'F0.0 B0.0 F2.0 B2.0',
+                                'F1.0 F3.0 B3.0 B1.0'),
+       r"^Schedule 'hand' deadlocks: B\(stage 0, micro-batch 0\) on device "
+       r'0 waits for B\(stage 1, micro-batch 0\), which device 1 never '
+       r'reaches first\.$'),
+  )
+  def testBadTable(self, table, regex):
+    with self.assertRaisesRegex(ValueError, regex):
+      schedule.Validate(table)
+
+  @parameterized.named_parameters(
+      ('Unknown', lambda: schedule.Make('zero_bubble', 2, 4),
+       r"^Unknown schedule 'zero_bubble'; use one of \('gpipe', '1f1b', "
+       r"'interleaved_1f1b'\)\.$"),
+      ('InterleavedM', lambda: schedule.Make('interleaved_1f1b', 2, 5, 2),
+       r"^Schedule 'interleaved_1f1b' needs M a multiple of K: M=5, K=2; "
+       r'use M = 4 or 6\.$'),
+      ('OneFOneBV', lambda: schedule.Make('1f1b', 2, 4, 2),
+       r"^Schedule '1f1b' runs one stage per device, got "
+       r"num_virtual_stages=2; use 'interleaved_1f1b' for more\.$"),
+      ('NoDevices', lambda: schedule.Make('gpipe', 0, 4),
+       r'^A schedule needs K >= 1 devices, .* got K=0, M=4, V=1\.$'),
+  )
+  def testBadMake(self, make, regex):
+    with self.assertRaisesRegex(ValueError, regex):
+      make()
+
+
+class SimulateTest(absltest.TestCase):
+
+  def testBubbleStepAndPeaks(self):
+    for name, k, m, v in _Cases():
+      with self.subTest(name=name, k=k, m=m, v=v):
+        table = schedule.Make(name, k, m, v)
+        sim = schedule.Simulate(table)
+        # Every device runs M V forwards of 1 and backwards of 2.
+        self.assertEqual((3.0 * m * v,) * k, sim.busy)
+        if name == 'interleaved_1f1b':
+          self.assertEqual(3.0 * (v * m + k - 1), sim.step)
+          self.assertAlmostEqual((k - 1) / (v * m + k - 1), sim.bubble)
+        elif v == 1:
+          self.assertEqual(3.0 * (m + k - 1), sim.step)
+          self.assertAlmostEqual((k - 1) / (m + k - 1), sim.bubble)
+        if name == '1f1b':
+          self.assertEqual(tuple(min(k - d, m) for d in range(k)),
+                           sim.peak_in_flight)
+        elif name == 'gpipe':
+          self.assertEqual((m,) * (k * v), sim.peak_in_flight)
+        self.assertEqual(
+            tuple(_Leading(name, k, d, m, v) for d in range(k)),
+            sim.peak_device_in_flight)
+        self.assertEqual(sim.peak_device_in_flight[0],
+                         schedule.InFlight(table)[1][0])
+
+  def testInterleavedInFlightByHand(self):
+    # Counted along the literal K=2 V=2 M=4 table above.
+    stage_peak, device_peak = schedule.InFlight(
+        schedule.Interleaved1F1B(2, 4, 2))
+    self.assertEqual((4, 3, 2, 1), stage_peak)
+    self.assertEqual((5, 3), device_peak)
+
+  def testCostsAndHop(self):
+    # 1F1B K=2 M=2: dev 0 F0.0 F0.1 B0.0 B0.1, dev 1 F1.0 B1.0 F1.1 B1.1.
+    # Stage 0: F 1, B 2; stage 1: F 2, B 3; 0.5 for each hand-off.
+    table = schedule.OneFOneB(2, 2)
+    sim = schedule.Simulate(table, [1, 2], [2, 3], hop_s=[0.5])
+    self.assertEqual({
+        A('F', 0, 0): (0, 1), A('F', 0, 1): (1, 2),
+        A('F', 1, 0): (1.5, 3.5), A('B', 1, 0): (3.5, 6.5),
+        A('F', 1, 1): (6.5, 8.5), A('B', 1, 1): (8.5, 11.5),
+        A('B', 0, 0): (7, 9), A('B', 0, 1): (12, 14),
+    }, sim.times)
+    self.assertEqual(14, sim.step)
+    self.assertEqual((6, 10), sim.busy)
+    self.assertAlmostEqual(3 / 7, sim.bubble)
+    self.assertAlmostEqual(8 / 14, sim.DeviceBubble(0))
+
+  def testHopPerBoundaryAndOverhead(self):
+    # GPipe K=3 M=1, unit costs: the hops 0.5 and 10 fall on boundaries
+    # 0|1 and 1|2, on the forward and on the backward.
+    sim = schedule.Simulate(schedule.GPipe(3, 1), hop_s=[0.5, 10])
+    self.assertEqual({
+        A('F', 0, 0): (0, 1), A('F', 1, 0): (1.5, 2.5),
+        A('F', 2, 0): (12.5, 13.5), A('B', 2, 0): (13.5, 15.5),
+        A('B', 1, 0): (25.5, 27.5), A('B', 0, 0): (28, 30),
+    }, sim.times)
+    # Stages 0 and 1 share device 0 when K=1, V=2: no hop between them.
+    sim = schedule.Simulate(schedule.GPipe(1, 2, 2), hop_s=[5],
+                            overhead_s=0.5)
+    self.assertEqual(4 * 1.5 + 4 * 2.5, sim.step)
+    self.assertEqual(0.0, sim.bubble)
+
+  def testWrongNumberOfCosts(self):
+    table = schedule.GPipe(2, 2)
+    with self.assertRaisesRegex(
+        ValueError, r'^forward_s has 1 entries for 2 stages; give one per '
+        r'stage\.$'):
+      schedule.Simulate(table, forward_s=[1])
+    with self.assertRaisesRegex(ValueError, r'^backward_s has 3 entries'):
+      schedule.Simulate(table, backward_s=[1, 2, 3])
+    with self.assertRaisesRegex(
+        ValueError, r'^hop_s has 2 entries for 2 stages; give one per '
+        r'boundary, 1\.$'):
+      schedule.Simulate(table, hop_s=[1, 2])
+
+
+class PictureTest(absltest.TestCase):
+
+  def testTicks(self):
+    # Every action one tick: 1F1B K=2 M=2.
+    self.assertEqual({
+        A('F', 0, 0): 0, A('F', 0, 1): 1, A('B', 0, 0): 3, A('B', 0, 1): 5,
+        A('F', 1, 0): 1, A('B', 1, 0): 2, A('F', 1, 1): 3, A('B', 1, 1): 4,
+    }, schedule.Ticks(schedule.OneFOneB(2, 2)))
+
+  def testTimeline(self):
+    self.assertEqual(
+        'dev 0: F0 F1 .  B0 F2 B1 F3 B2 .  B3\n'
+        'dev 1: .  F0 B0 F1 B1 F2 B2 F3 B3 .',
+        schedule.Timeline(schedule.OneFOneB(2, 4)))
+
+  def testTimelineWithStages(self):
+    self.assertEqual(
+        'dev 0: F0s0 F1s0 F0s2 F1s2 .    .    B1s2 B0s2 B1s0 B0s0\n'
+        'dev 1: .    F0s1 F1s1 F0s3 F1s3 B1s3 B0s3 B1s1 B0s1 .',
+        schedule.Timeline(schedule.GPipe(2, 2, 2)))
+
+  def testOnlyActionsStagesOf(self):
+    table = schedule.Interleaved1F1B(2, 2, 2)
+    forwards = table.Only('F')
+    self.assertEqual(_Rows('F0.0 F0.1 F2.0 F2.1', 'F1.0 F1.1 F3.0 F3.1'),
+                     forwards.order)
+    self.assertEqual((table.name, table.stage_devices),
+                     (forwards.name, forwards.stage_devices))
+    self.assertEqual(list(_Row('F0.0 F0.1 F2.0 F2.1 F1.0 F1.1 F3.0 F3.1')),
+                     table.Actions('F'))
+    self.assertEqual(list(_Row('B2.0 B2.1 B0.0 B0.1 B3.0 B3.1 B1.0 B1.1')),
+                     table.Actions('B'))
+    self.assertLen(table.Actions(), 16)
+    self.assertEqual([0, 2], table.StagesOf(0))
+    self.assertEqual([1, 3], table.StagesOf(1))
+    self.assertEqual('dev 0: F0.0 B0.0\ndev 1: F1.0 B1.0',
+                     schedule.OneFOneB(2, 1).Text())
+
+
+if __name__ == '__main__':
+  absltest.main()
