@@ -7,14 +7,16 @@ A configuration (`Setup`) is one way to run the same L layers:
   'loop'      the same SequentialLayer on M micro-batches in    CPU:0
               a Python loop, one tape (micro-batching in plain
               TF, no pipeline)
-  'pipe'      PipeliningLayer, K cells of L/K layers, M         CPU:0..K-1
-              micro-batches, one recompute mode
+  'pipe'      PipeliningLayer, K x V cells of L/(KV) layers,    CPU:0..K-1
+              M micro-batches, one recompute mode, one schedule
+              (V stages per device with 'interleaved_1f1b')
 
 Every model is named 'model' with layers 'layer0' .. 'layer{L-1}', so all
 of them start from the same weights (seed paths do not depend on K).
 
 One training step (`StepFunction`) is a `tf.function(autograph=False)`:
-forward, loss = mean(vec ** 2), and the gradient of every variable; it
+forward, loss = mean(vec ** 2), and the gradient of every variable (the
+pipeline in one pass, `FPropWithLoss`, as the trainer runs it); it
 returns the loss and the gradients (no update, so every step does the same
 work on the same weights). `TrainStepFunction` is the trainer's step
 instead: the same loss, then an SGD update of each variable on its own
@@ -64,6 +66,8 @@ class Setup:
   k: int = 1
   m: int = 1
   recompute: Optional[str] = None
+  schedule: str = 'gpipe'
+  v: int = 1  # stages per device
 
   @property
   def label(self) -> str:
@@ -71,15 +75,22 @@ class Setup:
       return 'unpipelined'
     if self.kind == 'loop':
       return f'plain loop M={self.m}'
-    return f'K={self.k} M={self.m} {self.recompute}'
+    sched = '' if self.schedule == 'gpipe' else f' {self.schedule}'
+    virtual = f' V={self.v}' if self.v > 1 else ''
+    return f'K={self.k}{virtual} M={self.m} {self.recompute}{sched}'
 
   def ToText(self) -> str:
-    return f'{self.kind},{self.k},{self.m},{self.recompute or ""}'
+    return (f'{self.kind},{self.k},{self.m},{self.recompute or ""},'
+            f'{self.schedule},{self.v}')
 
   @classmethod
   def FromText(cls, text: str) -> 'Setup':
-    kind, k, m, recompute = text.split(',')
-    return cls(kind, int(k), int(m), recompute or None)
+    """'kind,K,M,recompute[,schedule,V]'."""
+    fields = text.split(',')
+    kind, k, m, recompute = fields[:4]
+    schedule = fields[4] if len(fields) > 4 else 'gpipe'
+    v = int(fields[5]) if len(fields) > 5 else 1
+    return cls(kind, int(k), int(m), recompute or None, schedule, v)
 
 
 def _LayerParams(stack: Stack) -> List[hyperparams.Params]:
@@ -97,15 +108,17 @@ def BuildModel(stack: Stack, setup: Setup,
     with tf.device(devices[0]):
       return layers.SequentialLayer.Params().Set(
           name='model', sub=layer_ps).Instantiate()
-  if stack.num_layers % setup.k:
+  stages = setup.k * setup.v
+  if stack.num_layers % stages:
     raise ValueError(f'{stack.num_layers} layers do not split into '
-                     f'K={setup.k} equal partitions; change K.')
-  n = stack.num_layers // setup.k
+                     f'K x V={stages} equal stages; change K or V.')
+  n = stack.num_layers // stages
   cells = [layers.SequentialLayer.Params().Set(sub=layer_ps[i:i + n])
            for i in range(0, stack.num_layers, n)]
   return gpipe.PipeliningLayer.Params().Set(
       name='model', cell_tpl=cells, num_micro_batches=setup.m,
-      recompute=setup.recompute, devices=devices[:setup.k]).Instantiate()
+      recompute=setup.recompute, devices=devices[:setup.k],
+      schedule=setup.schedule, num_virtual_stages=setup.v).Instantiate()
 
 
 def Inputs(stack: Stack) -> NestedMap:
@@ -115,10 +128,44 @@ def Inputs(stack: Stack) -> NestedMap:
                    paddings=tf.zeros(shape[:2]))
 
 
+def _Vec(out: Any) -> tf.Tensor:
+  """The output that is scored: its vec when it is a NestedMap."""
+  return out.vec if isinstance(out, dict) else out
+
+
+def _MeanSquareHead(head_theta: NestedMap, out: Any,
+                    batch: NestedMap) -> dict:
+  """The loss head of one micro-batch: mean(vec ** 2), weighed by rows."""
+  del head_theta, batch
+  vec = _Vec(out)
+  rows = tf.constant(vec.shape[0], vec.dtype)
+  return {'loss': (tf.reduce_mean(tf.square(vec)), rows)}
+
+
+def MeanSquareLoss(layer: base_layer.BaseLayer, inputs: Any) -> tf.Tensor:
+  """mean(vec ** 2) of the layer's output on the whole batch; a pipeline
+  trains in one pass (FPropWithLoss), as the trainer runs it."""
+  if not isinstance(layer, gpipe.PipeliningLayer):
+    return tf.reduce_mean(tf.square(_Vec(layer.FPropDefaultTheta(inputs))))
+  first = tf.nest.flatten(inputs)[0]
+  rows = tf.constant(first.shape[layer.params.batch_dim], tf.float32)
+  metrics = layer.FPropWithLoss(layer.theta, inputs, _MeanSquareHead,
+                                NestedMap(), NestedMap(), rows)
+  return metrics.loss[0]
+
+
+def Loss(layer: base_layer.BaseLayer, setup: Setup,
+         inputs: NestedMap) -> tf.Tensor:
+  """mean(vec ** 2) of the model's output (MeanSquareLoss); 'loop' runs
+  the micro-batches in a Python loop."""
+  if setup.kind != 'loop':
+    return MeanSquareLoss(layer, inputs)
+  return tf.reduce_mean(tf.square(_Forward(layer, setup, inputs)))
+
+
 def _Forward(layer: base_layer.BaseLayer, setup: Setup,
              inputs: NestedMap) -> tf.Tensor:
-  if setup.kind != 'loop':
-    return layer.FPropDefaultTheta(inputs).vec
+  """The 'loop' setup's output: the micro-batches one after the other."""
   keys = sorted(inputs)
   parts = zip(*[tf.split(inputs[key], setup.m) for key in keys])
   outs = [layer.FPropDefaultTheta(NestedMap(zip(keys, part))).vec
@@ -153,8 +200,7 @@ def StepFunction(layer: base_layer.BaseLayer, setup: Setup,
   def Step(inputs: NestedMap) -> Tuple[tf.Tensor, List[tf.Tensor]]:
     with tf.device(scope):
       with tf.GradientTape() as tape:
-        vec = _Forward(layer, setup, inputs)
-        loss = tf.reduce_mean(tf.square(vec))
+        loss = Loss(layer, setup, inputs)
       return loss, tape.gradient(loss, variables)
 
   return tf.function(Step, autograph=False)
@@ -164,12 +210,12 @@ LEARNING_RATE = 1e-3  # TrainStep's: small, a timed step hardly moves values
 
 
 def TrainStep(layer: base_layer.BaseLayer,
-              forward: Callable[[Any], tf.Tensor],
+              loss_fn: Callable[[Any], tf.Tensor],
               scope: Optional[str] = None) -> StepFn:
   """tf.function: inputs -> (loss,), a step as the trainer runs it.
 
-  loss = mean(forward(inputs) ** 2) under `scope` (a device, or None for
-  the ops' own), every variable's gradient, and an SGD update of each
+  loss = loss_fn(inputs) under `scope` (a device, or None for the ops'
+  own), every variable's gradient, and an SGD update of each
   variable on its own device; the loss comes back after the updates.
   Returning the gradients instead (StepFunction) makes each one a send
   to the client on a worker after its last task: AmoebaNet-D K=1 M=1 on
@@ -183,7 +229,7 @@ def TrainStep(layer: base_layer.BaseLayer,
   def Step(inputs: Any) -> Tuple[tf.Tensor]:
     with tf.device(scope):
       with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(forward(inputs)))
+        loss = loss_fn(inputs)
       grads = tape.gradient(loss, variables)
     with tf.control_dependencies(sgd.Apply(LEARNING_RATE,
                                            list(zip(grads, variables)))):
@@ -196,8 +242,7 @@ def TrainStepFunction(layer: base_layer.BaseLayer, setup: Setup,
                       device: str) -> StepFn:
   """StepFunction's forward and loss, stepped as TrainStep does."""
   scope = None if setup.kind == 'pipe' else device
-  return TrainStep(layer, lambda inputs: _Forward(layer, setup, inputs),
-                   scope)
+  return TrainStep(layer, lambda inputs: Loss(layer, setup, inputs), scope)
 
 
 @dataclasses.dataclass

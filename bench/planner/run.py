@@ -165,15 +165,12 @@ def _Predict(args: argparse.Namespace) -> None:
 
 def _StepFn(layer: Any) -> Any:
   """A training step as the trainer's (bench/gpipe's stack.TrainStep): the
-  loss of the output (its vec when it is a NestedMap), every gradient, an
-  SGD update of each variable on its own device; returns (loss,)."""
+  loss of the output (its vec when it is a NestedMap) in one pass, every
+  gradient, an SGD update of each variable on its own device; returns
+  (loss,)."""
   import stack as stack_lib  # pylint: disable=g-import-not-at-top
-
-  def Forward(inputs):
-    out = layer.FPropDefaultTheta(inputs)
-    return out.vec if isinstance(out, dict) else out
-
-  return stack_lib.TrainStep(layer, Forward)
+  return stack_lib.TrainStep(
+      layer, lambda inputs: stack_lib.MeanSquareLoss(layer, inputs))
 
 
 def _Build(model: str, bounds: List[int], m: int, devices: List[str]) -> Any:

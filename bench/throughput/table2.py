@@ -125,7 +125,8 @@ def _AmoebaStep(k: int, m: int, devices: List[str], filters: int):
       tf.TensorShape([_AMOEBA_BATCH // m, 32, 32, 3]))
   layer = p.Set(name='amoebanet', devices=devices[:k]).Instantiate()
   layer.SetTraining(True)
-  return stack_lib.TrainStep(layer, layer.FPropDefaultTheta)
+  return stack_lib.TrainStep(
+      layer, lambda images: stack_lib.MeanSquareLoss(layer, images))
 
 
 # ---- the driver ------------------------------------------------------------

@@ -1,0 +1,223 @@
+"""Schedules side by side: throughput on two pinned workers, and start-up.
+
+  .venv/bin/python bench/scaling/schedules.py [--what=all|throughput|startup]
+      [--rounds=10] [--modes=never,always] [--json_out=FILE]
+
+throughput: two `tf.distribute.Server` workers on 127.0.0.1, worker i
+pinned to core i, fresh for each recompute mode; one client
+(`throughput.py`) builds bench/gpipe's stack (8 Transformer layers, d=256)
+in every configuration below, warms each up, then times --rounds rounds
+of one training step of each, interleaved (the trainer's one pass,
+`FPropWithLoss`; gradients returned). Configurations: K=1 M=1 (the
+baseline); K=2 M=8 with GPipe and 1F1B; K=2 M=4 with GPipe, 1F1B and
+interleaved 1F1B (V=2: four stages of two layers, stage s on worker
+s mod 2); K=2 M=32 with GPipe and 1F1B. Reported: median seconds per
+step, throughput = t(K=1 M=1) / t, and the ideal of each schedule, the
+throughput its table reaches when every stage's forward costs the same
+and a backward twice that, hand-offs free (`schedule.Simulate`):
+K*M/(M+K-1) for GPipe and 1F1B, more for interleaved.
+
+startup: K=8 M=32, every schedule (interleaved with V=2), a stack of 16
+layers d=64 (so that 16 stages exist), K logical CPUs in one process per
+measurement (`startup.py`), --startup_repeats measurements, medians.
+
+Targets (docs/DESIGN.md section 2 and 34): 1F1B K=2 M=8 reaches at least
+0.9 of GPipe's ideal; interleaved K=2 V=2 M=4 beats GPipe K=2 M=4 by at
+least half of what the two ideals predict; K=8 M=32 first step at most
+10 s for every schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from typing import Dict, List, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from lingvo_pipe.core import local_workers  # noqa: E402
+from lingvo_pipe.core import schedule  # noqa: E402
+
+import run as scaling  # noqa: E402  (bench/scaling/run.py)
+import stack as stack_lib  # noqa: E402  (bench/gpipe)
+
+Setup = stack_lib.Setup
+ONE_F_ONE_B_TARGET = 0.9  # of GPipe's ideal, K=2 M=8
+INTERLEAVED_SHARE_TARGET = 0.5  # of the predicted gain over GPipe, M=4
+FIRST_STEP_TARGET = 10.0  # seconds, K=8 M=32
+
+
+def ThroughputSetups(mode: str) -> List[Setup]:
+  return ([Setup('pipe', 1, 1, mode)] +
+          [Setup('pipe', 2, 8, mode, s) for s in ('gpipe', '1f1b')] +
+          [Setup('pipe', 2, 4, mode, s) for s in ('gpipe', '1f1b')] +
+          [Setup('pipe', 2, 4, mode, 'interleaved_1f1b', 2)] +
+          [Setup('pipe', 2, 32, mode, s) for s in ('gpipe', '1f1b')])
+
+
+def Ideal(setup: Setup) -> float:
+  """Throughput of the setup's table against one device, unit costs."""
+  table = schedule.Make(setup.schedule, setup.k, setup.m, setup.v)
+  stages = setup.k * setup.v
+  forward = 1.0 / (stages * setup.m)
+  sim = schedule.Simulate(table, [forward] * stages,
+                          [2 * forward] * stages)
+  return 3.0 / sim.step
+
+
+def MeasureThroughput(stack: stack_lib.Stack, modes: Sequence[str],
+                      args: argparse.Namespace) -> Dict[str, dict]:
+  out = {}
+  with tempfile.TemporaryDirectory(prefix='schedules_servers_') as logs:
+    workers = local_workers.LocalWorkers(2, logs)
+    for mode in modes:
+      start = time.time()
+      results = scaling._OneClient(  # pylint: disable=protected-access
+          workers, stack, ThroughputSetups(mode), args)
+      out.update(results)
+      for label, r in results.items():
+        if 'error' not in r:
+          print(f'  {label}: {statistics.median(r["times"]):.3f} s/step, '
+                f'first call {r["first"]:.1f} s', flush=True)
+      print(f'  {mode}: {time.time() - start:.0f} s', flush=True)
+  return out
+
+
+def ThroughputTable(stack: stack_lib.Stack, mode: str,
+                    results: Dict[str, dict]) -> str:
+  rows = [(Setup.FromText(r['setup']), r) for r in results.values()
+          if Setup.FromText(r['setup']).recompute == mode]
+  med = {s: statistics.median(r['times']) for s, r in rows
+         if 'error' not in r}
+  base = next((t for s, t in med.items() if s.k == 1), None)
+  lines = [f"### Schedules, recompute '{mode}'", '',
+           f'{stack.Describe()}; one worker process per task, each pinned '
+           'to one core.', '',
+           '| schedule | K | V | M | median s/step | throughput | ideal '
+           '| of its ideal | of GPipe\'s ideal | worker CPU s/step |',
+           '|' + '---|' * 10]
+  for s, r in rows:
+    if 'error' in r:
+      lines.append(f'| {s.schedule} | {s.k} | {s.v} | {s.m} | error: '
+                   f'{r["error"].strip().splitlines()[-1][:80]} |')
+      continue
+    tput = base / med[s]
+    gpipe_ideal = Ideal(dataclasses.replace(s, schedule='gpipe', v=1))
+    lines.append(
+        f'| {s.schedule} | {s.k} | {s.v} | {s.m} | {med[s]:.3f} | '
+        f'{tput:.2f} | {Ideal(s):.2f} | {tput / Ideal(s):.2f} | '
+        f'{tput / gpipe_ideal:.2f} | '
+        f'{", ".join(f"{c:.3f}" for c in r["worker_cpu"])} |')
+  lines += [''] + Targets(med, base)
+  return '\n'.join(lines)
+
+
+def Targets(med: Dict[Setup, float], base: float) -> List[str]:
+  """The module docstring's throughput targets, met or missed."""
+  def Find(m: int, sched: str) -> Setup:
+    return next((s for s in med if s.k == 2 and s.m == m and
+                 s.schedule == sched), None)
+
+  lines = []
+  one = Find(8, '1f1b')
+  if one is not None:
+    ratio = base / med[one] / Ideal(Setup('pipe', 2, 8, one.recompute))
+    lines.append(f'- 1F1B K=2 M=8: {ratio:.2f} of GPipe\'s ideal (target '
+                 f'>= {ONE_F_ONE_B_TARGET}: '
+                 f'{"ok" if ratio >= ONE_F_ONE_B_TARGET else "MISS"})')
+  inter, gpipe = Find(4, 'interleaved_1f1b'), Find(4, 'gpipe')
+  if inter is not None and gpipe is not None:
+    predicted = Ideal(inter) / Ideal(gpipe) - 1.0
+    measured = med[gpipe] / med[inter] - 1.0
+    share = measured / predicted
+    lines.append(
+        f'- interleaved K=2 V=2 M=4 against GPipe K=2 M=4: {measured:+.1%} '
+        f'(ideal {predicted:+.1%}; {share:.2f} of it, target >= '
+        f'{INTERLEAVED_SHARE_TARGET}: '
+        f'{"ok" if share >= INTERLEAVED_SHARE_TARGET else "MISS"})')
+  return lines
+
+
+def MeasureStartup(args: argparse.Namespace) -> Dict[str, dict]:
+  stack = stack_lib.Stack(num_layers=16, model_dim=64, hidden_dim=256)
+  setups = [Setup('pipe', 8, 32, mode, s, v) for mode in args.modes.split(',')
+            for s, v in (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2))]
+  runs: Dict[Setup, List[float]] = {s: [] for s in setups}
+  for setup in stack_lib.Rotations(setups, args.startup_repeats):
+    r = scaling._RunChild(  # pylint: disable=protected-access
+        'startup.py', [f'--stack={json.dumps(dataclasses.asdict(stack))}',
+                       '--steps=1', f'--setup={setup.ToText()}'],
+        args.timeout)
+    runs[setup].append(r['first_step'])
+    print(f'  {setup.label}: first step {r["first_step"]:.1f} s, '
+          f'{r["ops"]} ops', flush=True)
+  return {s.ToText(): {'first_step_runs': t} for s, t in runs.items()}
+
+
+def StartupTable(results: Dict[str, dict]) -> str:
+  lines = ['### Start-up, K=8 M=32', '',
+           '16 Transformer layers d=64, ff=256; K logical CPUs in one '
+           'process per measurement.', '',
+           '| schedule | V | recompute | first step s (median) | each run |',
+           '|---|---|---|---|---|']
+  worst = 0.0
+  for text, r in results.items():
+    s = Setup.FromText(text)
+    med = statistics.median(r['first_step_runs'])
+    worst = max(worst, med)
+    lines.append(f'| {s.schedule} | {s.v} | {s.recompute} | {med:.1f} | '
+                 + ', '.join(f'{t:.1f}' for t in r['first_step_runs']) + ' |')
+  lines += ['', f'- slowest median {worst:.1f} s (target <= '
+            f'{FIRST_STEP_TARGET:.0f} s: '
+            f'{"ok" if worst <= FIRST_STEP_TARGET else "MISS"})']
+  return '\n'.join(lines)
+
+
+def _Args(argv: Sequence[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--what', default='all',
+                      choices=('all', 'throughput', 'startup'))
+  parser.add_argument('--rounds', type=int, default=10)
+  parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--modes', default='never,always')
+  parser.add_argument('--startup_repeats', type=int, default=3)
+  parser.add_argument('--timeout', type=float, default=1800)
+  parser.add_argument('--json_out', default=None)
+  return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str]) -> None:
+  signal.signal(signal.SIGTERM, scaling._Terminate)  # pylint: disable=protected-access
+  args = _Args(argv)
+  header = scaling._Header()  # pylint: disable=protected-access
+  print(header, flush=True)
+  stack = stack_lib.Stack()
+  raw, tables = {'header': header}, []
+  if args.what in ('all', 'throughput'):
+    raw['throughput'] = MeasureThroughput(stack, args.modes.split(','), args)
+    tables += [ThroughputTable(stack, mode, raw['throughput'])
+               for mode in args.modes.split(',')]
+  if args.what in ('all', 'startup'):
+    raw['startup'] = MeasureStartup(args)
+    tables.append(StartupTable(raw['startup']))
+  if args.json_out:
+    with open(args.json_out, 'w') as f:
+      json.dump(raw, f, indent=1)
+  print('\n\n'.join([header] + tables))
+
+
+if __name__ == '__main__':
+  try:
+    main(sys.argv[1:])
+  except KeyboardInterrupt as interrupt:
+    sys.exit(f'Interrupted ({interrupt or "Ctrl-C"}); servers and children '
+             'stopped.')
