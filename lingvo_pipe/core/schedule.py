@@ -160,10 +160,10 @@ def Interleaved1F1B(num_devices: int, num_micro_batches: int,
   _Check(num_devices, num_micro_batches, num_virtual_stages)
   k, m_total, v = num_devices, num_micro_batches, num_virtual_stages
   if m_total % k:
+    options = sorted({k * max(1, m_total // k), k * (m_total // k + 1)})
     raise ValueError(
         f"Schedule 'interleaved_1f1b' needs M a multiple of K: M={m_total}, "
-        f'K={k}; use M = {k * max(1, m_total // k)} or '
-        f'{k * (m_total // k + 1)}.')
+        f'K={k}; use M = {" or ".join(map(str, options))}.')
 
   def Nth(i: int, phase: str, d: int) -> Action:
     group, within = divmod(i, k * v)
