@@ -58,6 +58,10 @@ class ImageClassifierBase:
   NUM_PARTITIONS = 2
   NUM_MICRO_BATCHES = 4
   RECOMPUTE = 'always'
+  # The order of the actions in training (schedule.SCHEDULES), and V, the
+  # stages per device ('interleaved_1f1b': K x V cells).
+  SCHEDULE = 'gpipe'
+  NUM_VIRTUAL_STAGES = 1
   # The network's input is the images, which need no gradient: the
   # pipeline's first partition leaves it out (the planner reads this).
   PIPELINE_INPUT_GRADIENT = False
@@ -126,7 +130,8 @@ class ImageClassifierBase:
     p = model.ImageClassifier.Params()
     p.network = model.GPipeNetworkParams(
         self.Network(), self.NUM_PARTITIONS, self.NUM_MICRO_BATCHES,
-        self.MicroBatchInputShapes(), recompute=self.RECOMPUTE)
+        self.MicroBatchInputShapes(), recompute=self.RECOMPUTE,
+        schedule=self.SCHEDULE, num_virtual_stages=self.NUM_VIRTUAL_STAGES)
     p.network_input = self.NETWORK_INPUT
     p.num_classes = self.NUM_CLASSES
     p.label_smoothing = self.LABEL_SMOOTHING

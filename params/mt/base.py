@@ -68,6 +68,10 @@ class TransformerGPipeBase:
   NUM_PARTITIONS = 2
   NUM_MICRO_BATCHES = 4
   RECOMPUTE = 'always'
+  # The order of the actions in training (schedule.SCHEDULES), and V, the
+  # stages per device ('interleaved_1f1b': K x V cells).
+  SCHEDULE = 'gpipe'
+  NUM_VIRTUAL_STAGES = 1
   # Training.
   LEARNING_RATE = 1e-3
   WARMUP_STEPS = 4000
@@ -114,7 +118,8 @@ class TransformerGPipeBase:
         relu_dropout_prob=self.RELU_DROPOUT)
     return transformer.PipelinedStack(
         layer_params, self.NUM_PARTITIONS, self.NUM_MICRO_BATCHES,
-        input_shapes=self.MicroBatchInputShapes(), recompute=self.RECOMPUTE)
+        input_shapes=self.MicroBatchInputShapes(), recompute=self.RECOMPUTE,
+        schedule=self.SCHEDULE, num_virtual_stages=self.NUM_VIRTUAL_STAGES)
 
   def MicroBatchInputShapes(self) -> NestedMap:
     """Shapes of the stack's input state for one training micro-batch."""

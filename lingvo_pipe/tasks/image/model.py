@@ -54,27 +54,33 @@ def GPipeNetworkParams(layer_params: Sequence[hyperparams.Params],
                        num_partitions: int, num_micro_batches: int,
                        micro_batch_input_shapes: Any,
                        recompute: str = 'always',
-                       cost: partitioner.Cost = 'flops'
-                       ) -> hyperparams.Params:
+                       cost: partitioner.Cost = 'flops',
+                       schedule: str = 'gpipe',
+                       num_virtual_stages: int = 1) -> hyperparams.Params:
   """PipeliningLayer params of `layer_params` split into balanced cells.
 
   Args:
     layer_params: the network as a flat list of uniquely named layers.
-    num_partitions: K, the number of pipeline cells (devices).
+    num_partitions: K, the number of pipeline devices.
     num_micro_batches: M.
     micro_batch_input_shapes: the first layer's input shapes for one
       micro-batch (see partitioner.PartitionWithReport's input_shapes).
     recompute: the PipeliningLayer's recompute mode.
     cost: how to balance the cells (partitioner.COSTS or one number per
       layer); 'flops' by default.
+    schedule: the PipeliningLayer's schedule (schedule.SCHEDULES).
+    num_virtual_stages: V stages per device: K x V cells, stage s on
+      device s mod K (for 'interleaved_1f1b').
   """
   cells = partitioner.PartitionSequentialLayers(
-      layer_params, num_partitions, cost=cost,
+      layer_params, num_partitions * num_virtual_stages, cost=cost,
       input_shapes=micro_batch_input_shapes,
-      num_micro_batches=num_micro_batches)
+      num_micro_batches=num_micro_batches, schedule_name=schedule,
+      num_virtual_stages=num_virtual_stages)
   return gpipe.PipeliningLayer.Params().Set(
       cell_tpl=cells, num_micro_batches=num_micro_batches,
-      recompute=recompute)
+      recompute=recompute, schedule=schedule,
+      num_virtual_stages=num_virtual_stages)
 
 
 class ImageClassifier(base_model.BaseTask):

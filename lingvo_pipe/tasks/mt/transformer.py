@@ -238,26 +238,31 @@ def PipelinedStack(layer_params: Sequence[hyperparams.Params],
                    num_partitions: int, num_micro_batches: int,
                    input_shapes: Optional[NestedMap] = None,
                    recompute: str = 'always',
-                   name: str = 'stack') -> hyperparams.Params:
-  """PipeliningLayer params over `layer_params` cut into K cells.
+                   name: str = 'stack', schedule: str = 'gpipe',
+                   num_virtual_stages: int = 1) -> hyperparams.Params:
+  """PipeliningLayer params over `layer_params` cut into K x V cells.
 
   Args:
     layer_params: e.g. TransformerLayers(...).
-    num_partitions: K.
+    num_partitions: K, the pipeline's devices.
     num_micro_batches: M.
     input_shapes: StateShapes(...) of one micro-batch: balances the cells by
       flops; None balances them by parameter count.
     recompute: the PipeliningLayer's recompute mode.
     name: the layer's name (the same name in SequentialStack gives the same
       initial weights).
+    schedule: the PipeliningLayer's schedule (schedule.SCHEDULES).
+    num_virtual_stages: V stages per device (for 'interleaved_1f1b').
   """
   cost = 'params' if input_shapes is None else 'flops'
   cells = partitioner.PartitionSequentialLayers(
-      layer_params, num_partitions, cost=cost, input_shapes=input_shapes,
-      num_micro_batches=num_micro_batches)
+      layer_params, num_partitions * num_virtual_stages, cost=cost,
+      input_shapes=input_shapes, num_micro_batches=num_micro_batches,
+      schedule_name=schedule, num_virtual_stages=num_virtual_stages)
   return gpipe.PipeliningLayer.Params().Set(
       name=name, cell_tpl=cells, num_micro_batches=num_micro_batches,
-      recompute=recompute)
+      recompute=recompute, schedule=schedule,
+      num_virtual_stages=num_virtual_stages)
 
 
 def SequentialStack(layer_params: Sequence[hyperparams.Params],
