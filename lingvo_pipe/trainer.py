@@ -316,7 +316,10 @@ class Runner:
       self._ckpt = checkpointer.Checkpointer(
           self._ckpt.directory, self._task.VariablesToCheckpoint(),
           max_to_keep=tp.checkpoints_to_keep, dataset=dataset)
-    restored = self._ckpt.RestoreLatest()
+    try:
+      restored = self._ckpt.RestoreLatest()
+    except RuntimeError as err:  # checkpoints there, none fits the model
+      raise TrainingStopped(str(err)) from None
     batches = self._ckpt.iterator or iter(dataset)
     step = int(self._state.global_step.numpy())
     if restored:

@@ -10,9 +10,10 @@ cannot be read, so a damaged file costs one save interval, never the run.
 
 from __future__ import annotations
 
+import collections
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -116,7 +117,7 @@ class Checkpointer:
       except Exception as err:  # pylint: disable=broad-except
         # A damaged file fails in many ways (OpError, IndexError, ...).
         first = _FirstLine(err)
-        errors.append(f'{os.path.basename(path)}: {first}')
+        errors.append(f'{os.path.basename(path)}: {first.rstrip(".")}')
         logging.warning('Checkpoint %s cannot be restored (%s); trying '
                         'an older one.', path, first)
         continue
@@ -133,17 +134,19 @@ class Checkpointer:
     """Restores one checkpoint; raises if it does not match the model.
 
     The input position too, if this Checkpointer has an iterator and the
-    checkpoint holds one (`restored_input` says which happened).
+    checkpoint holds one (`restored_input` says which happened). A
+    checkpoint written when variable paths held the pipeline's partition
+    index ('.../cell_1/...') restores too (`RenamedFromPartitions`).
     """
     self.restored_input = False
+    renamed = RenamedFromPartitions(path, self._variables_dict)
     with_input = self._with_input is not None and any(
         name.startswith(_INPUT_KEY + '/')
         for name, _ in tf.train.list_variables(path))
     if with_input:
       try:
-        self._with_input.read(path).assert_existing_objects_matched()
+        self._Read(path, renamed, with_input=True)
         self.restored_input = True
-        return
       except (tf.errors.OpError, AssertionError, ValueError) as err:
         # Most likely the input pipeline changed since the save. The
         # failed restore may have cancelled the iterator: make a new one.
@@ -152,11 +155,46 @@ class Checkpointer:
                         'the input starts over.', path, first)
         self._NewIterator()
         self._manager = self._Manager(self._with_input)
-    status = self._variables.read(path)
+    if not self.restored_input:
+      self._Read(path, renamed, with_input=False)
+    if renamed:
+      _AssignFrom(path, {n: (self._variables_dict[n], source)
+                         for n, source in renamed.items()})
+      # A warning, so that the console shows it once per resumed run.
+      logging.warning('Checkpoint %s was written with partition indices in '
+                      'its variable names (cell_<k>); mapped %d of them to '
+                      "this model's names.", path, len(renamed))
+
+  def _Read(self, path: str, renamed: Mapping[str, str],
+            with_input: bool) -> None:
+    """Restores the variables but `renamed` (and the input) by object."""
+    checkpoint = self._with_input if with_input else self._variables
+    if renamed:  # the checkpoint lacks these names: leave them out
+      objects = {n: v for n, v in self._variables_dict.items()
+                 if n not in renamed}
+      if with_input:
+        objects[_INPUT_KEY] = self.iterator
+      checkpoint = tf.train.Checkpoint(**objects)
+    status = checkpoint.read(path)
     status.assert_existing_objects_matched()
     # What the checkpoint holds beyond (the input position, its save
     # counter) is not wanted here: no warnings about it at exit.
     status.expect_partial()
+
+
+def _AssignFrom(path: str,
+                sources: Mapping[str, Tuple[tf.Variable, str]]) -> None:
+  """Assigns each {name: (variable, checkpoint name)} its saved value."""
+  reader = tf.train.load_checkpoint(path)
+  names = _CheckpointNames(path)
+  for name, (var, source) in sources.items():
+    key, shape = names[source]
+    if shape != var.shape.as_list():
+      raise ValueError(
+          f'Checkpoint {path} has {source} of shape {shape} for {name} of '
+          f'shape {var.shape.as_list()}; resume with the model that wrote '
+          'it.')
+    var.assign(tf.convert_to_tensor(reader.get_tensor(key), var.dtype))
 
 
 def StepOf(path: str) -> int:
@@ -187,6 +225,73 @@ def _CheckpointNames(path: str) -> Dict[str, Tuple[str, List[int]]]:
       name = key
     names[name] = (key, list(shape))
   return names
+
+
+# A path component that PipeliningLayer's cells added to variable names
+# before their paths left it out.
+_CELL = re.compile(r'cell_\d+')
+
+
+def _WithoutCells(name: str) -> List[str]:
+  """`name` with each nonempty subset of its cell_<k> components removed."""
+  parts = name.split('/')
+  cells = [i for i, part in enumerate(parts) if _CELL.fullmatch(part)]
+  shorter = []
+  for mask in range(1, 2 ** len(cells)):
+    drop = {i for j, i in enumerate(cells) if mask >> j & 1}
+    shorter.append('/'.join(p for i, p in enumerate(parts) if i not in drop))
+  return shorter
+
+
+def _CellFreeNames(saved: Iterable[str]) -> Dict[str, str]:
+  """{name without some cell_<k> components: the saved name that gives it}.
+
+  Only where exactly one saved name gives it, and it is not saved itself.
+  """
+  saved = set(saved)
+  found: Dict[str, set] = {}
+  for name in saved:
+    for short in _WithoutCells(name):
+      found.setdefault(short, set()).add(name)
+  return {short: min(names) for short, names in found.items()
+          if len(names) == 1 and short not in saved}
+
+
+def PartitionIndexMatches(saved: Iterable[str],
+                          wanted: Iterable[str]) -> Dict[str, str]:
+  """{wanted name: saved name} for names `saved` has with a cell index.
+
+  For each wanted name not in `saved`: the saved name that gives it by
+  removing `cell_<digits>` path components, if exactly one does (and it
+  gives no other wanted name). 'task/network/cell_0/stem/w' is what
+  'task/network/stem/w' was called before the pipeline's cells left their
+  index out of variable paths (gpipe.PipeliningLayer).
+  """
+  saved, wanted = set(saved), list(wanted)
+  aliases = _CellFreeNames(saved.difference(wanted))
+  matches = {w: aliases[w] for w in wanted
+             if w not in saved and w in aliases}
+  uses = collections.Counter(matches.values())
+  return {w: source for w, source in matches.items() if uses[source] == 1}
+
+
+def RenamedFromPartitions(path: str,
+                          variables: Mapping[str, Any]) -> Dict[str, str]:
+  """{variable name: checkpoint name} where the names differ by cell_<k>.
+
+  Raises (one line) if the checkpoint lacks a variable by either name.
+  """
+  saved = _CheckpointNames(path)
+  renamed = PartitionIndexMatches(saved, variables)
+  missing = [n for n in variables if n not in saved and n not in renamed]
+  if missing:
+    more = f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''
+    raise ValueError(
+        f'Checkpoint {path} has no {missing[0]}{more}, with or without a '
+        'partition index (cell_<k>); resume with the model that wrote it, '
+        'or start a new --logdir from it with '
+        'task.train.init_from_checkpoint_rules.')
+  return renamed
 
 
 def _CheckRules(rules: Any) -> None:
@@ -223,8 +328,10 @@ def InitFromCheckpointRules(variables: Mapping[str, tf.Variable],
   (`variables`' keys) that no ignore regex matches, the first regex that
   matches it (re.match) gives the checkpoint's name, `format %
   match.groups()`; the variable takes that value if the checkpoint has it
-  with the same shape. Every other variable keeps its value. A checkpoint
-  that cannot be read is an error, not a silent fresh start.
+  with the same shape (or only with a partition index, '.../cell_1/...',
+  as checkpoints before the cells left it out of variable paths). Every
+  other variable keeps its value. A checkpoint that cannot be read is an
+  error, not a silent fresh start.
   """
   _CheckRules(rules)
   loaded: Dict[str, str] = {}
@@ -233,6 +340,7 @@ def InitFromCheckpointRules(variables: Mapping[str, tf.Variable],
     try:
       reader = tf.train.load_checkpoint(path)
       names = _CheckpointNames(path)
+      aliases = _CellFreeNames(names)
     except (tf.errors.OpError, ValueError) as err:
       raise ValueError(
           f'init_from_checkpoint_rules: cannot read checkpoint {path!r} '
@@ -252,6 +360,8 @@ def InitFromCheckpointRules(variables: Mapping[str, tf.Variable],
               f'init_from_checkpoint_rules[{path!r}]: format {fmt!r} does '
               f'not take the groups {match.groups()} of {regex!r} ({err}).'
           ) from None
+        if source not in names:  # a checkpoint with partition indices
+          source = aliases.get(source, source)
         if source not in names:
           reasons[name] = f'{source} not in the checkpoint'
         elif names[source][1] != var.shape.as_list():

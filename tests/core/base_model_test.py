@@ -307,6 +307,41 @@ class BaseTaskTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual({cells[0].vars.w.device: 8, cells[1].vars.w.device: 8},
                      {d: len(names) for d, names in by_device.items()})
 
+  def testCheckpointNamesDoNotDependOnTheSplit(self):
+    """Cells of uniquely named layers: no cell index in any saved name.
+
+    Slots and EMA shadows are named after their variable's path and sit
+    on its device, whichever partition holds it.
+    """
+    proj = layers.ProjectionLayer.Params
+    subs = [proj().Set(name='a', input_dim=_IN, output_dim=4),
+            proj().Set(name='b', input_dim=4, output_dim=4),
+            proj().Set(name='c', input_dim=4, output_dim=_OUT)]
+    weights = [f'task/pipe/{n}/{v}' for n in 'abc' for v in 'wb']
+    want = ['global_step', 'optimizer/step'] + weights + [
+        f'{w}/{s}' for w in weights for s in ('m', 'v', 'ema')]
+    for split in ([3], [1, 2], [1, 1, 1]):
+      ends = np.cumsum([0] + split)
+      p = _PipelinedTask.Params()
+      p.pipe.cell_tpl = [layers.SequentialLayer.Params().Set(sub=subs[i:j])
+                         for i, j in zip(ends[:-1], ends[1:])]
+      task = p.Instantiate()
+      state = task.CreateTrainState()
+      names = task.VariablesToCheckpoint()
+      self.assertCountEqual(want, names, split)
+      for cell in task.pipe.cells:
+        device = cell.vars.Flatten()[0].device
+        for layer in cell.children:
+          for v in 'wb':
+            path = f'task/pipe/{layer}/{v}'
+            self.assertEqual(device, names[path].device, path)
+            self.assertIs(state.optimizer.slots[path]['m'], names[f'{path}/m'])
+            self.assertIs(state.ema.shadows[path], names[f'{path}/ema'])
+            for s in ('m', 'v', 'ema'):
+              self.assertEqual(device, names[f'{path}/{s}'].device, (path, s))
+      self.assertLen({c.vars.Flatten()[0].device for c in task.pipe.cells},
+                     len(split))
+
   def testErrors(self):
     task = _Task()
     with self.assertRaisesRegex(RuntimeError, r'call CreateTrainState\(\)'):

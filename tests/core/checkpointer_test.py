@@ -180,6 +180,102 @@ class CheckpointerTest(tf.test.TestCase):
       self.assertAllEqual(w['model/w'], tf.fill([256, 1024], float(step)))
 
 
+def _Bits(x):
+  """Numpy value of `x`, compared bitwise (with its dtype) by tobytes."""
+  value = x.numpy() if hasattr(x, 'numpy') else x
+  return value.dtype, value.shape, value.tobytes()
+
+
+class PartitionIndexedCheckpointTest(tf.test.TestCase):
+  """Checkpoints whose variable paths hold the partition ('.../cell_1/')."""
+
+  # Before the pipeline's cells left their index out of variable paths:
+  # {old name: new name}. 'task/head/cell_0/w' is a cell that keeps it.
+  _RENAMES = {
+      'task/network/cell_0/stem/w': 'task/network/stem/w',
+      'task/network/cell_0/stem/w/m': 'task/network/stem/w/m',
+      'task/network/cell_0/stem/w/ema': 'task/network/stem/w/ema',
+      'task/network/cell_1/logits/b': 'task/network/logits/b',
+      'task/network/cell_1/bn/moving_mean': 'task/network/bn/moving_mean',
+      'task/head/cell_0/w': 'task/head/cell_0/w',
+      'global_step': 'global_step',
+  }
+
+  def _Old(self):
+    """{old name: value}: random float bits, a float64, the step."""
+    shapes = {'w': [3, 4], 'm': [3, 4], 'ema': [3, 4], 'b': [4],
+              'moving_mean': [4]}
+    values = {}
+    for i, name in enumerate(self._RENAMES):
+      last = name.split('/')[-1]
+      dtype = tf.float64 if last == 'moving_mean' else tf.float32
+      values[name] = tf.random.stateless_normal(
+          shapes.get(last, [2]), [7, i], dtype=dtype)
+    values['global_step'] = tf.constant(20, tf.int64)
+    return values
+
+  def _New(self, old):
+    """The model after the change: its names, zeros of the old shapes."""
+    return {self._RENAMES[n]: tf.Variable(tf.zeros_like(v))
+            for n, v in old.items()}
+
+  def _Input(self):
+    return tf.data.Dataset.range(100).shuffle(16, seed=1).batch(2)
+
+  def testRestoresEveryValueBitwiseAndTheInputPosition(self):
+    directory = self.create_tempdir().full_path
+    old = self._Old()
+    saver = checkpointer.Checkpointer(
+        directory, {n: tf.Variable(v) for n, v in old.items()},
+        dataset=self._Input())
+    next(saver.iterator)
+    saver.Save(20)
+    want = [next(saver.iterator).numpy().tolist() for _ in range(3)]
+    new = self._New(old)
+    ckpt = checkpointer.Checkpointer(directory, new, dataset=self._Input())
+    with self.assertLogs(level='WARNING') as logs:
+      self.assertTrue(ckpt.RestoreLatest().endswith('ckpt-20'))
+    self.assertTrue(ckpt.restored_input)
+    self.assertEqual([next(ckpt.iterator).numpy().tolist()
+                      for _ in range(3)], want)
+    for name, value in old.items():
+      self.assertEqual(_Bits(new[self._RENAMES[name]]), _Bits(value), name)
+    mapped = [line for line in logs.output if 'partition indices' in line]
+    self.assertLen(mapped, 1)
+    self.assertIn('(cell_<k>); mapped 5 of them', mapped[0])
+    ckpt.Save(21)  # with this model's names
+    reader = checkpointer.Checkpointer(directory, self._New(old))
+    self.assertTrue(reader.RestoreLatest().endswith('ckpt-21'))
+
+  def testAVariableFoundNeitherWayNamesItAndWhatToDo(self):
+    directory = self.create_tempdir().full_path
+    old = self._Old()
+    path = checkpointer.Checkpointer(
+        directory, {n: tf.Variable(v) for n, v in old.items()}).Save(20)
+    new = self._New(old)
+    new['task/network/stem/b'] = tf.Variable(tf.zeros([4]))
+    with self.assertRaises(ValueError) as err:
+      checkpointer.Checkpointer(directory, new).Restore(path)
+    self.assertEqual(
+        str(err.exception),
+        f'Checkpoint {path} has no task/network/stem/b, with or without a '
+        'partition index (cell_<k>); resume with the model that wrote it, '
+        'or start a new --logdir from it with '
+        'task.train.init_from_checkpoint_rules.')
+    self.assertAllEqual(new['global_step'], 0)  # nothing restored
+
+  def testMatchesOnlyUniqueNamesTheModelLacks(self):
+    saved = ['n/cell_0/x/w', 'n/cell_1/y/w', 'n/cell_0/z', 'n/cell_1/z',
+             'h/cell_0/w', 'o/cell_1/i/cell_0/w', 'g']
+    wanted = ['n/x/w', 'n/y/w', 'n/z', 'h/cell_0/w', 'h/w', 'o/cell_1/i/w',
+              'g']
+    self.assertEqual(checkpointer.PartitionIndexMatches(saved, wanted), {
+        'n/x/w': 'n/cell_0/x/w',
+        'n/y/w': 'n/cell_1/y/w',
+        'o/cell_1/i/w': 'o/cell_1/i/cell_0/w',
+    })  # 'n/z' two ways; 'h/w' from a name the model has itself
+
+
 class InitFromCheckpointRulesTest(tf.test.TestCase):
   """Transfer learning: variables taken from another run's checkpoint."""
 
@@ -226,6 +322,17 @@ class InitFromCheckpointRulesTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, 'does not take the groups'):
       checkpointer.InitFromCheckpointRules(
           model, {path: ([('net/(.*)', '%s/%s')], [])})
+
+  def testFindsNamesOfACheckpointWithPartitionIndices(self):
+    directory = self.create_tempdir().full_path
+    w = tf.constant([[1.5, -2.25]])
+    path = checkpointer.Checkpointer(directory, {
+        'task/network/cell_1/head/w': tf.Variable(w)}).Save(1)
+    model = {'task/network/head/w': tf.Variable(tf.zeros([1, 2]))}
+    report = checkpointer.InitFromCheckpointRules(
+        model, {path: ([('(.*)', '%s')], [])})
+    self.assertAllEqual(model['task/network/head/w'], w)
+    self.assertStartsWith(report, 'Initialised 1 of 1 variables')
 
   def testAnUnreadableCheckpointIsAnError(self):
     missing = os.path.join(self.create_tempdir().full_path, 'ckpt-1')

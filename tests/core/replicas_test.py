@@ -90,7 +90,7 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase):
     twin = _Task(1, 1, 1, num_blocks=1, keep_prob=1.0)
     proj = twin.pipe.cells[0].b0.proj
     rows = proj.FProp(proj.theta, batch.x).numpy()
-    moving = task.VariablesByPath()['task/pipe/cell_0/b0/bn/moving_mean']
+    moving = task.VariablesByPath()['task/pipe/b0/bn/moving_mean']
     self.assertAllClose(moving.numpy(), 0.5 * rows.mean(axis=0),
                         atol=_TOL, rtol=0)
 
