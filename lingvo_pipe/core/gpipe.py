@@ -201,11 +201,11 @@ class PipeliningLayer(base_layer.BaseLayer):
     k = self._num_devices
     if replica < 0 or (replica + 1) * k > len(self._all_devices):
       raise ValueError(
-          f"PipeliningLayer '{self.path}': replica {replica} of {k} "
-          f'devices needs devices {replica * k}..{(replica + 1) * k - 1}'
-          f' but {len(self._all_devices)} are known '
-          f'{self._all_devices}; list num_replicas x {k} devices in '
-          'p.devices (replica r, device d at r * K + d).')
+          f"PipeliningLayer '{self.path}': replica {replica} needs devices "
+          f'{replica * k}..{(replica + 1) * k - 1} (K={k} per replica) but '
+          f'{len(self._all_devices)} are known {self._all_devices}; list '
+          f'num_replicas x {k} devices in p.devices (replica r, device d '
+          'at r * K + d).')
     return list(self._all_devices[replica * k:(replica + 1) * k])
 
   @property

@@ -1,10 +1,10 @@
-"""PipeliningLayer against a plain sequential reference on one device.
+"""PipeliningLayer's FProp against a plain sequential reference.
 
-The model is a stack of L layers over a NestedMap state of mixed dtypes:
-`vec` (float64 [b, d], transformed), `skip` (float64 [b, d], carried and
-mixed in), `example_keys` (int64 [b], for dropout). The pipeline and the
-reference share seed paths, so they start from identical weights
-(checked); every variable's gradient is compared, never a sum or a norm.
+The model is pipeline_testlib's stack of blocks over a NestedMap state of
+mixed dtypes. The pipeline and the reference share seed paths, so they
+start from identical weights (checked); every variable's gradient is
+compared, never a sum or a norm. The differentiable FProp runs GPipe's
+order; one-pass training, every schedule: gpipe_one_pass_test.py.
 """
 
 import collections
@@ -15,7 +15,6 @@ import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
-import numpy as np
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -23,106 +22,19 @@ from lingvo_pipe.core import devices
 
 devices.SplitCpu(4)
 
-from lingvo_pipe.core import base_layer  # noqa: E402
-from lingvo_pipe.core import dropout  # noqa: E402
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import input_gradient  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
 from lingvo_pipe.core import normalization  # noqa: E402
 from lingvo_pipe.core import pipeline_run  # noqa: E402
 from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
-
-DIM = 3
-BATCH = 8
-NUM_LAYERS = 4
-
-
-class Block(base_layer.BaseLayer):
-  """state.vec <- tanh(dropout(state.vec) @ w + b) + 0.5 * state.skip.
-
-  FProp(theta, NestedMap(vec [b, d], skip [b, d], example_keys [b] int64)); an
-  optional BatchNorm follows the projection. Counts its executions in
-  `calls` when counting is on (a stateful op, so it runs every time).
-  """
-
-  @classmethod
-  def Params(cls):
-    p = super().Params()
-    p.Define('dim', DIM, 'Width.')
-    p.Define('keep_prob', 1.0, 'Dropout keep probability.')
-    p.Define('batch_norm', False, 'Whether to add a BatchNorm.')
-    p.Define('count_calls', False, 'Whether to count executions.')
-    return p
-
-  def __init__(self, params):
-    super().__init__(params)
-    p = self.params
-    self.CreateChild('proj', layers.ProjectionLayer.Params().Set(
-        input_dim=p.dim, output_dim=p.dim))
-    self.CreateChild('drop', dropout.DropoutLayer.Params().Set(
-        keep_prob=p.keep_prob))
-    if p.batch_norm:
-      self.CreateChild('bn', normalization.BatchNormLayer.Params().Set(
-          dim=p.dim, decay=0.5))
-    if p.count_calls:
-      self.calls = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-  def FProp(self, theta, state):
-    h = self.drop.FProp(theta.drop, state.vec, state.example_keys)
-    h = self.proj.FProp(theta.proj, h)
-    if self.params.batch_norm:
-      h = self.bn.FProp(theta.bn, h)
-    if self.params.count_calls:
-      self.calls.assign_add(1)
-    return NestedMap(vec=tf.tanh(h) + 0.5 * state.skip, skip=state.skip,
-                     example_keys=state.example_keys)
-
-
-def _LayerParams(**kwargs):
-  return [Block.Params().Set(name=f'block{i}', dtype=tf.float64, **kwargs)
-          for i in range(NUM_LAYERS)]
-
-
-def _Reference(**kwargs):
-  return layers.SequentialLayer.Params().Set(
-      name='model', dtype=tf.float64, sub=_LayerParams(**kwargs)
-  ).Instantiate()
-
-
-def _Pipeline(k, m, recompute, schedule='gpipe', v=1, **kwargs):
-  """K devices x V stages per device over the NUM_LAYERS blocks."""
-  layer_ps = _LayerParams(**kwargs)
-  num_stages = k * v
-  bounds = [round(i * NUM_LAYERS / num_stages) for i in range(num_stages + 1)]
-  cells = [layers.SequentialLayer.Params().Set(sub=layer_ps[a:b])
-           for a, b in zip(bounds, bounds[1:])]
-  return gpipe.PipeliningLayer.Params().Set(
-      name='model', dtype=tf.float64, cell_tpl=cells, num_micro_batches=m,
-      recompute=recompute, schedule=schedule,
-      num_virtual_stages=v).Instantiate()
-
-
-def _Inputs(step=7):
-  x = tf.random.stateless_normal([BATCH, DIM], [1, 2], dtype=tf.float64)
-  skip = tf.random.stateless_normal([BATCH, DIM], [3, 4], dtype=tf.float64)
-  return NestedMap(vec=x, skip=skip,
-                   example_keys=dropout.ExampleKeys(step, BATCH))
+from tests.core import pipeline_testlib as lib  # noqa: E402
 
 
 def _Loss(out):
-  target = tf.reshape(tf.range(BATCH * DIM, dtype=tf.float64), [BATCH, DIM])
-  return tf.reduce_sum(out.vec * out.vec * target) / BATCH
-
-
-def _BlockVars(layer):
-  """block name -> {var path below the block: variable}, for both models."""
-  found = {}
-  for var in layer.vars.Flatten():
-    parts = var.name.split(':')[0].split('/')
-    block = next(p for p in parts if p.startswith('block'))
-    rest = '/'.join(parts[parts.index(block) + 1:])
-    found.setdefault(block, {})[rest] = var
-  return found
+  target = tf.reshape(tf.range(lib.BATCH * lib.DIM, dtype=tf.float64),
+                      [lib.BATCH, lib.DIM])
+  return tf.reduce_sum(out.vec * out.vec * target) / lib.BATCH
 
 
 def _Device(name):
@@ -154,17 +66,7 @@ def _FunctionNodes(op, library):
         todo.append(node.attr['f'].func.name)
 
 
-def _PairedVariables(pipe, ref):
-  pv, rv = _BlockVars(pipe), _BlockVars(ref)
-  assert sorted(pv) == sorted(rv), (sorted(pv), sorted(rv))
-  return [(pv[b][n], rv[b][n]) for b in sorted(rv) for n in sorted(rv[b])]
-
-
-def _Function(fn):
-  return tf.function(fn, autograph=False)
-
-
-def _Grads(layer, inputs, fn_wrapper=_Function):
+def _Grads(layer, inputs, fn_wrapper=lib.Function):
   variables = layer.vars.Flatten()
 
   def Step(inputs):
@@ -225,8 +127,8 @@ class ExactnessTest(tf.test.TestCase, parameterized.TestCase):
     tf.config.experimental.enable_op_determinism()
     # The references do not depend on K or the recompute mode: one
     # full-batch reference, and one same-split reference per M.
-    cls._ref = _Reference(keep_prob=0.75)
-    cls._inputs = _Inputs()
+    cls._ref = lib.Reference(keep_prob=0.75)
+    cls._inputs = lib.Inputs()
     cls._full = _Grads(cls._ref, cls._inputs)
     cls._split = {}
 
@@ -236,8 +138,8 @@ class ExactnessTest(tf.test.TestCase, parameterized.TestCase):
     return self._split[m]
 
   def _CheckAgainstReferences(self, pipe, m, grads_fn):
-    pairs = _PairedVariables(pipe, self._ref)
-    self.assertLen(pairs, 2 * NUM_LAYERS)
+    pairs = lib.PairedVariables(pipe, self._ref)
+    self.assertLen(pairs, 2 * lib.NUM_LAYERS)
     for pv, rv in pairs:  # same seed paths, so identical initial values
       self.assertAllEqual(pv, rv)
     ref_loss, ref_grads, ref_dx = self._full
@@ -261,7 +163,7 @@ class ExactnessTest(tf.test.TestCase, parameterized.TestCase):
 
     Dropout is on: masks depend on the example key, not on K or M.
     """
-    pipe = _Pipeline(k, m, recompute, keep_prob=0.75)
+    pipe = lib.Pipeline(k, m, recompute, keep_prob=0.75)
     self._CheckAgainstReferences(
         pipe, m, lambda p, x: _Grads(p, x, fn_wrapper=lambda f: f))
 
@@ -270,12 +172,12 @@ class ExactnessTest(tf.test.TestCase, parameterized.TestCase):
       (3, 2, 'except_last'), (4, 8, 'always'), (4, 1, 'never'))
   def testTracedStepMatchesSequential(self, k, m, recompute):
     """In a tf.function (control dependencies, Grappler): still bitwise."""
-    pipe = _Pipeline(k, m, recompute, keep_prob=0.75)
+    pipe = lib.Pipeline(k, m, recompute, keep_prob=0.75)
     self._CheckAgainstReferences(pipe, m, _Grads)
 
   def testEagerMatchesFunction(self):
-    pipe = _Pipeline(2, 4, 'always', keep_prob=0.75)
-    inputs = _Inputs()
+    pipe = lib.Pipeline(2, 4, 'always', keep_prob=0.75)
+    inputs = lib.Inputs()
     loss_f, grads_f, _ = _Grads(pipe, inputs)
     loss_e, grads_e, _ = _Grads(pipe, inputs, fn_wrapper=lambda f: f)
     self.assertAllClose(loss_f, loss_e, atol=1e-12, rtol=0)
@@ -283,164 +185,10 @@ class ExactnessTest(tf.test.TestCase, parameterized.TestCase):
       self.assertAllClose(grads_f[key], grads_e[key], atol=1e-12, rtol=0)
 
   def testDropoutMasksChangeWithStep(self):
-    pipe = _Pipeline(2, 2, 'always', keep_prob=0.5)
-    out7 = pipe.FPropDefaultTheta(_Inputs(step=7)).vec
-    out8 = pipe.FPropDefaultTheta(_Inputs(step=8)).vec
+    pipe = lib.Pipeline(2, 2, 'always', keep_prob=0.5)
+    out7 = pipe.FPropDefaultTheta(lib.Inputs(step=7)).vec
+    out8 = pipe.FPropDefaultTheta(lib.Inputs(step=8)).vec
     self.assertNotAllClose(out7, out8)
-
-
-def _Target():
-  return tf.reshape(tf.range(BATCH * DIM, dtype=tf.float64), [BATCH, DIM])
-
-
-def _HeadMetrics(head_theta, out, batch):
-  """A loss head with a variable: mean of sum(vec^2 * target * scale)."""
-  per_example = tf.reduce_sum(
-      out.vec * out.vec * (batch.target * head_theta.scale), axis=1)
-  n = tf.cast(tf.shape(per_example)[0], tf.float64)
-  return {'loss': (tf.reduce_sum(per_example) / n, n),
-          'mean_vec': (tf.reduce_mean(out.vec), n)}
-
-
-def _OnePassGrads(pipe, scale, inputs, fn_wrapper=_Function):
-  """(loss, {id(var): grad}, d inputs.vec, metrics) of FPropWithLoss."""
-  variables = pipe.vars.Flatten() + [scale]
-
-  def Step(inputs):
-    with tf.GradientTape() as tape:
-      tape.watch(inputs.vec)
-      metrics = pipe.FPropWithLoss(
-          pipe.theta, inputs, _HeadMetrics, NestedMap(scale=scale),
-          NestedMap(target=_Target()), tf.constant(BATCH, tf.float64))
-    grads = tape.gradient(metrics['loss'][0], variables + [inputs.vec],
-                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return metrics, grads
-
-  metrics, grads = fn_wrapper(Step)(inputs)
-  return (metrics['loss'][0], {id(v): g for v, g in zip(variables, grads)},
-          grads[-1], metrics)
-
-
-def _OnePassReference(ref, scale, inputs, m, sum_orders):
-  """The plain model on the same split, each micro-batch's loss share
-  differentiated alone; per-variable sums in `sum_orders[id(var)]` order
-  (the table's backward order of the variable's stage). Eager."""
-  variables = ref.vars.Flatten() + [scale]
-  parts = [NestedMap(zip(sorted(inputs), t)) for t in zip(*[
-      tf.split(inputs[key], m) for key in sorted(inputs)])]
-  targets = tf.split(_Target(), m)
-  losses, grads, dxs = [], [], []
-  for part, target in zip(parts, targets):
-    with tf.GradientTape() as tape:
-      tape.watch(part.vec)
-      out = ref.FProp(ref.theta, part)
-      value, weight = _HeadMetrics(NestedMap(scale=scale), out,
-                                   NestedMap(target=target))['loss']
-      loss = value * tf.stop_gradient(
-          weight / tf.constant(BATCH, tf.float64))
-    g = tape.gradient(loss, variables + [part.vec],
-                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    losses.append(loss)
-    grads.append(g[:-1])
-    dxs.append(g[-1])
-  total = losses[0]
-  for share in losses[1:]:
-    total = total + share
-  summed = {}
-  for i, var in enumerate(variables):
-    order = sum_orders.get(id(var), list(range(m)))
-    acc = grads[order[0]][i]
-    for j in order[1:]:
-      acc = acc + grads[j][i]
-    summed[id(var)] = acc
-  return total, summed, tf.concat(dxs, 0)
-
-
-def _SumOrders(pipe, ref, m):
-  """id(reference var) -> micro-batches in its stage's backward order."""
-  table = pipe.Table(m)
-  block_stage = {name: s for s, cell in enumerate(pipe.cells)
-                 for name in cell.sub_names}
-  orders = {}
-  for block, named in _BlockVars(ref).items():
-    stage = block_stage[block]
-    order = [a.micro_batch for a in table.Actions('B') if a.stage == stage]
-    for var in named.values():
-      orders[id(var)] = order
-  return orders
-
-
-_SCHEDULE_CASES = (
-    [(sched, k, 1, m, r) for sched in ('gpipe', '1f1b') for k in (1, 2, 3, 4)
-     for m in (1, 2, 4, 8) for r in gpipe.RECOMPUTE_MODES] +
-    [('interleaved_1f1b', k, v, m, r) for k, v in ((1, 2), (2, 2), (1, 4))
-     for m in (2, 4, 8) for r in gpipe.RECOMPUTE_MODES] +
-    [('gpipe', 2, 2, 4, 'always')])
-
-
-class OnePassTest(tf.test.TestCase, parameterized.TestCase):
-  """FPropWithLoss: every schedule, K, V, M and recompute mode, exact."""
-
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    tf.config.experimental.enable_op_determinism()
-    cls._ref = _Reference(keep_prob=0.75)
-    cls._inputs = _Inputs()
-    cls._scale = tf.Variable(
-        tf.random.stateless_normal([DIM], [9, 9], dtype=tf.float64),
-        name='head/scale')
-    cls._full = cls._FullBatch()
-    cls._split = {}
-
-  @classmethod
-  def _FullBatch(cls):
-    with tf.GradientTape() as tape:
-      tape.watch(cls._inputs.vec)
-      out = cls._ref.FProp(cls._ref.theta, cls._inputs)
-      loss = _HeadMetrics(NestedMap(scale=cls._scale), out,
-                          NestedMap(target=_Target()))['loss'][0]
-    variables = cls._ref.vars.Flatten() + [cls._scale]
-    g = tape.gradient(loss, variables + [cls._inputs.vec])
-    return loss, {id(v): x for v, x in zip(variables, g)}, g[-1]
-
-  def _Check(self, pipe, m, fn_wrapper):
-    pairs = _PairedVariables(pipe, self._ref) + [(self._scale, self._scale)]
-    for pv, rv in pairs:  # same seed paths, so identical initial values
-      self.assertAllEqual(pv, rv)
-    loss, grads, dx, metrics = _OnePassGrads(pipe, self._scale, self._inputs,
-                                             fn_wrapper)
-    full_loss, full_grads, full_dx = self._full
-    self.assertAllClose(full_loss, loss, atol=1e-12, rtol=0)
-    self.assertAllClose(full_dx, dx, atol=1e-12, rtol=0)
-    for pv, rv in pairs:
-      self.assertAllClose(full_grads[id(rv)], grads[id(pv)], atol=1e-12,
-                          rtol=0, msg=pv.name)
-    self.assertEqual(float(metrics['loss'][1]), BATCH)
-    self.assertEqual(float(metrics['mean_vec'][1]), BATCH)
-    # Same split, op determinism, the table's order of sums: bitwise.
-    ref_loss, ref_grads, ref_dx = _OnePassReference(
-        self._ref, self._scale, self._inputs, m,
-        _SumOrders(pipe, self._ref, m))
-    self.assertAllEqual(ref_loss, loss)
-    self.assertAllEqual(ref_dx, dx)
-    for pv, rv in pairs:
-      self.assertAllEqual(ref_grads[id(rv)], grads[id(pv)], msg=pv.name)
-
-  @parameterized.parameters(*_SCHEDULE_CASES)
-  def testEveryGradientMatchesSequential(self, sched, k, v, m, recompute):
-    """Run eagerly; dropout on (masks depend on the example key only)."""
-    pipe = _Pipeline(k, m, recompute, sched, v, keep_prob=0.75)
-    self._Check(pipe, m, lambda f: f)
-
-  @parameterized.parameters(
-      ('1f1b', 2, 1, 4, 'always'), ('1f1b', 3, 1, 8, 'except_last'),
-      ('1f1b', 4, 1, 2, 'never'), ('interleaved_1f1b', 2, 2, 4, 'always'),
-      ('interleaved_1f1b', 2, 2, 2, 'never'), ('gpipe', 2, 1, 4, 'always'))
-  def testTracedStepMatchesSequential(self, sched, k, v, m, recompute):
-    """In a tf.function (control dependencies, Grappler): still bitwise."""
-    pipe = _Pipeline(k, m, recompute, sched, v, keep_prob=0.75)
-    self._Check(pipe, m, _Function)
 
 
 class BatchNormTest(tf.test.TestCase, parameterized.TestCase):
@@ -448,10 +196,10 @@ class BatchNormTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(*gpipe.RECOMPUTE_MODES)
   def testMicroBatchNormAndFullBatchMovingAverages(self, recompute):
     m = 4
-    ref = _Reference(batch_norm=True)
-    pipe = _Pipeline(2, m, recompute, batch_norm=True)
-    pairs = _PairedVariables(pipe, ref)
-    inputs = _Inputs()
+    ref = lib.Reference(batch_norm=True)
+    pipe = lib.Pipeline(2, m, recompute, batch_norm=True)
+    pairs = lib.PairedVariables(pipe, ref)
+    inputs = lib.Inputs()
     # Normalisation is per micro-batch: the same split reference agrees.
     split_loss, split_grads, _ = _SplitReferenceGrads(ref, inputs, m)
     loss, grads, _ = _Grads(pipe, inputs)
@@ -462,10 +210,10 @@ class BatchNormTest(tf.test.TestCase, parameterized.TestCase):
     # Re-computation added nothing: each BatchNorm saw the batch once.
     for bn in [layer for layer in pipe.Layers()
                if isinstance(layer, normalization.BatchNormLayer)]:
-      self.assertEqual(float(bn.accumulators.acc_count), BATCH, bn.path)
+      self.assertEqual(float(bn.accumulators.acc_count), lib.BATCH, bn.path)
     # Moving averages equal one update with the full mini-batch moments of
     # each BatchNorm's input, computed here with the pipeline's forward.
-    expected = self._FullBatchMoments(pipe, inputs, m)
+    expected = lib.FullBatchMoments(pipe, inputs, m)
     pipe.UpdateStats()
     for bn, (mean, var) in expected.items():
       self.assertAllClose(bn.vars.moving_mean, 0.5 * mean, atol=1e-12,
@@ -474,31 +222,14 @@ class BatchNormTest(tf.test.TestCase, parameterized.TestCase):
                           atol=1e-12, rtol=0)
       self.assertEqual(float(bn.accumulators.acc_count), 0.0)
 
-  def _FullBatchMoments(self, pipe, inputs, m):
-    """BatchNorm input of each block over the whole batch, in numpy."""
-    moments = {}
-    state = inputs
-    blocks = [b for cell in pipe.cells for b in cell.sub_layers]
-    parts = [NestedMap(zip(sorted(state), t)) for t in zip(*[
-        tf.split(state[key], m) for key in sorted(state)])]
-    for block in blocks:
-      theta = block.theta
-      with block.NoStatUpdates():
-        hs = [block.proj.FProp(theta.proj, p.vec) for p in parts]
-        parts = [block.FProp(theta, p) for p in parts]
-      h = np.concatenate([x.numpy() for x in hs])
-      moments[block.bn] = (h.mean(0), h.var(0))
-    return moments
-
-
 class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(
       ('always', [2, 2]), ('except_last', [2, 1]), ('never', [1, 1]))
   def testForwardRunsPerMicroBatch(self, recompute, per_micro_batch):
     m = 4
-    pipe = _Pipeline(2, m, recompute, count_calls=True)
-    _Grads(pipe, _Inputs())
+    pipe = lib.Pipeline(2, m, recompute, count_calls=True)
+    _Grads(pipe, lib.Inputs())
     for k, cell in enumerate(pipe.cells):
       for block in cell.sub_layers:
         self.assertEqual(int(block.calls), per_micro_batch[k] * m,
@@ -507,17 +238,17 @@ class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
   def _TrainGraph(self, pipe):
     variables = pipe.vars.Flatten()
 
-    @_Function
+    @lib.Function
     def Step(inputs):
       with tf.GradientTape() as tape:
         loss = _Loss(pipe.FPropDefaultTheta(inputs))
       return tape.gradient(loss, variables)
 
-    return Step.get_concrete_function(_Inputs()).graph
+    return Step.get_concrete_function(lib.Inputs()).graph
 
   @parameterized.parameters(*gpipe.RECOMPUTE_MODES)
   def testEveryOpOfPartitionKOnDeviceK(self, recompute):
-    pipe = _Pipeline(4, 2, recompute, keep_prob=0.5)
+    pipe = lib.Pipeline(4, 2, recompute, keep_prob=0.5)
     for k, cell in enumerate(pipe.cells):
       for var in cell.vars.Flatten():
         self.assertEqual(_Device(var.device), _Device(pipe.devices[k]))
@@ -545,7 +276,7 @@ class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(*gpipe.RECOMPUTE_MODES)
   def testActivationsKeptOnlyWithoutRecompute(self, recompute):
     """Backward of cell k reads from its forward only the gated inputs."""
-    pipe = _Pipeline(2, 2, recompute)
+    pipe = lib.Pipeline(2, 2, recompute)
     graph = self._TrainGraph(pipe)
     kept = {0: False, 1: False}
     for op in graph.get_operations():
@@ -568,7 +299,7 @@ class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
     The re-computation runs inside B(0, m)'s call, so the call must take
     an input from B(1, m) (a data input cannot be ready earlier).
     """
-    graph = self._TrainGraph(_Pipeline(2, 2, 'always'))
+    graph = self._TrainGraph(lib.Pipeline(2, 2, 'always'))
     for m in (0, 1):
       calls = [op for op in graph.get_operations()
                if op.name.startswith(f'cell_0/bwd_{m}/') and
@@ -583,7 +314,7 @@ class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
     """Each partition is traced once: M only adds calls, not layers."""
 
     def Count(m):
-      graph = self._TrainGraph(_Pipeline(2, m, recompute))
+      graph = self._TrainGraph(lib.Pipeline(2, m, recompute))
       library = graph.as_graph_def().library.function
       calls = [op for op in graph.get_operations()
                if _CalledFunction(op).startswith('__inference_cell_')]
@@ -656,7 +387,7 @@ class ErrorTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, msg):
       pipe.FPropDefaultTheta(tf.zeros([8, 3]))
     with self.assertRaisesRegex(ValueError, msg):
-      _Function(pipe.FPropDefaultTheta)(tf.zeros([8, 3]))
+      lib.Function(pipe.FPropDefaultTheta)(tf.zeros([8, 3]))
 
   def testBadRecomputeMode(self):
     with self.assertRaisesRegex(ValueError, "recompute='sometimes'"):
@@ -702,7 +433,7 @@ class InputGradientTest(tf.test.TestCase):
   def _Step(self, pipe, watch, scale=None):
     variables = pipe.vars.Flatten() + ([scale] if scale is not None else [])
 
-    @_Function
+    @lib.Function
     def Step(x):
       with tf.GradientTape() as tape:
         if watch:
@@ -755,7 +486,7 @@ class InputGradientTest(tf.test.TestCase):
     v = tf.Variable(2.0)
     dataset = tf.data.Dataset.from_tensors(tf.ones([2])).repeat()
 
-    @_Function
+    @lib.Function
     def Check(x):
       batch = next(iter(dataset))
       return [tf.constant(input_gradient.MayDependOnVariables([t]))

@@ -116,8 +116,8 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'batch size 7 does not split'):
       tf.function(task.Gradients, autograph=False)(
           replica_task.Batch(size=7))
-    with self.assertRaisesRegex(ValueError, 'replica 2 of 1 partitions '
-                                r'needs devices 2..2 but 2 are known'):
+    with self.assertRaisesRegex(ValueError, r'replica 2 needs devices 2..2 '
+                                r'\(K=1 per replica\) but 2 are known'):
       task.pipe.ReplicaDevices(2)
     p = replica_task.TaskParams(1, 1, 3)
     p.train.num_replicas = 0

@@ -1,0 +1,214 @@
+"""PipeliningLayer.FPropWithLoss: one training pass, every schedule, exact.
+
+Against the sequential reference of pipeline_testlib: with the same
+micro-batch split and each variable's gradients summed in the order of its
+stage's backwards in the table, loss, input gradient and every variable's
+gradient (the loss head's included) are bitwise equal; against the full
+batch, within 1e-12 in float64. The matrix: schedule, K, V, M and
+recompute mode, dropout on; BatchNorm on for every schedule and mode.
+"""
+
+import itertools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import tensorflow as tf
+
+from lingvo_pipe.core import devices
+
+devices.SplitCpu(4)
+
+from lingvo_pipe.core import gpipe  # noqa: E402
+from lingvo_pipe.core import normalization  # noqa: E402
+from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
+from tests.core import pipeline_testlib as lib  # noqa: E402
+
+
+def _Target():
+  return tf.reshape(tf.range(lib.BATCH * lib.DIM, dtype=tf.float64),
+                    [lib.BATCH, lib.DIM])
+
+
+def _HeadMetrics(head_theta, out, batch):
+  """A loss head with a variable: mean of sum(vec^2 * target * scale)."""
+  per_example = tf.reduce_sum(
+      out.vec * out.vec * (batch.target * head_theta.scale), axis=1)
+  n = tf.cast(tf.shape(per_example)[0], tf.float64)
+  return {'loss': (tf.reduce_sum(per_example) / n, n),
+          'mean_vec': (tf.reduce_mean(out.vec), n)}
+
+
+def _OnePassGrads(pipe, scale, inputs, fn_wrapper=lib.Function):
+  """(loss, {id(var): grad}, d inputs.vec, metrics) of FPropWithLoss."""
+  variables = pipe.vars.Flatten() + [scale]
+
+  def Step(inputs):
+    with tf.GradientTape() as tape:
+      tape.watch(inputs.vec)
+      metrics = pipe.FPropWithLoss(
+          pipe.theta, inputs, _HeadMetrics, NestedMap(scale=scale),
+          NestedMap(target=_Target()), tf.constant(lib.BATCH, tf.float64))
+    grads = tape.gradient(metrics['loss'][0], variables + [inputs.vec],
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return metrics, grads
+
+  metrics, grads = fn_wrapper(Step)(inputs)
+  return (metrics['loss'][0], {id(v): g for v, g in zip(variables, grads)},
+          grads[-1], metrics)
+
+
+def _OnePassReference(ref, scale, inputs, m, sum_orders):
+  """The plain model on the same split, each micro-batch's loss share
+  differentiated alone; per-variable sums in `sum_orders[id(var)]` order
+  (the table's backward order of the variable's stage). Eager."""
+  variables = ref.vars.Flatten() + [scale]
+  parts = [NestedMap(zip(sorted(inputs), t)) for t in zip(*[
+      tf.split(inputs[key], m) for key in sorted(inputs)])]
+  targets = tf.split(_Target(), m)
+  losses, grads, dxs = [], [], []
+  for part, target in zip(parts, targets):
+    with tf.GradientTape() as tape:
+      tape.watch(part.vec)
+      out = ref.FProp(ref.theta, part)
+      value, weight = _HeadMetrics(NestedMap(scale=scale), out,
+                                   NestedMap(target=target))['loss']
+      loss = value * tf.stop_gradient(
+          weight / tf.constant(lib.BATCH, tf.float64))
+    g = tape.gradient(loss, variables + [part.vec],
+                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    losses.append(loss)
+    grads.append(g[:-1])
+    dxs.append(g[-1])
+  total = losses[0]
+  for share in losses[1:]:
+    total = total + share
+  summed = {}
+  for i, var in enumerate(variables):
+    order = sum_orders.get(id(var), list(range(m)))
+    acc = grads[order[0]][i]
+    for j in order[1:]:
+      acc = acc + grads[j][i]
+    summed[id(var)] = acc
+  return total, summed, tf.concat(dxs, 0)
+
+
+def _SumOrders(pipe, ref, m):
+  """id(reference var) -> micro-batches in its stage's backward order."""
+  table = pipe.Table(m)
+  block_stage = {name: s for s, cell in enumerate(pipe.cells)
+                 for name in cell.sub_names}
+  orders = {}
+  for block, named in lib.BlockVars(ref).items():
+    stage = block_stage[block]
+    order = [a.micro_batch for a in table.Actions('B') if a.stage == stage]
+    for var in named.values():
+      orders[id(var)] = order
+  return orders
+
+
+_SCHEDULE_CASES = (
+    [(sched, k, 1, m, r) for sched in ('gpipe', '1f1b') for k in (1, 2, 3, 4)
+     for m in (1, 2, 4, 8) for r in gpipe.RECOMPUTE_MODES] +
+    [('interleaved_1f1b', k, v, m, r) for k, v in ((1, 2), (2, 2), (1, 4))
+     for m in (2, 4, 8) for r in gpipe.RECOMPUTE_MODES] +
+    [('gpipe', 2, 2, 4, 'always')])
+
+
+class OnePassTest(tf.test.TestCase, parameterized.TestCase):
+  """FPropWithLoss: every schedule, K, V, M and recompute mode, exact."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    tf.config.experimental.enable_op_determinism()
+    cls._ref = lib.Reference(keep_prob=0.75)
+    cls._inputs = lib.Inputs()
+    cls._scale = tf.Variable(
+        tf.random.stateless_normal([lib.DIM], [9, 9], dtype=tf.float64),
+        name='head/scale')
+    cls._full = cls._FullBatch()
+    cls._split = {}
+
+  @classmethod
+  def _FullBatch(cls):
+    with tf.GradientTape() as tape:
+      tape.watch(cls._inputs.vec)
+      out = cls._ref.FProp(cls._ref.theta, cls._inputs)
+      loss = _HeadMetrics(NestedMap(scale=cls._scale), out,
+                          NestedMap(target=_Target()))['loss'][0]
+    variables = cls._ref.vars.Flatten() + [cls._scale]
+    g = tape.gradient(loss, variables + [cls._inputs.vec])
+    return loss, {id(v): x for v, x in zip(variables, g)}, g[-1]
+
+  def _Check(self, pipe, m, fn_wrapper, ref=None):
+    """Against the full batch (1e-12) unless `ref` (then BatchNorm's: it
+    normalises per micro-batch), and bitwise against the same split."""
+    full = ref is None
+    ref = self._ref if full else ref
+    pairs = lib.PairedVariables(pipe, ref) + [(self._scale, self._scale)]
+    for pv, rv in pairs:  # same seed paths, so identical initial values
+      self.assertAllEqual(pv, rv)
+    loss, grads, dx, metrics = _OnePassGrads(pipe, self._scale, self._inputs,
+                                             fn_wrapper)
+    if full:
+      full_loss, full_grads, full_dx = self._full
+      self.assertAllClose(full_loss, loss, atol=1e-12, rtol=0)
+      self.assertAllClose(full_dx, dx, atol=1e-12, rtol=0)
+      for pv, rv in pairs:
+        self.assertAllClose(full_grads[id(rv)], grads[id(pv)], atol=1e-12,
+                            rtol=0, msg=pv.name)
+    self.assertEqual(float(metrics['loss'][1]), lib.BATCH)
+    self.assertEqual(float(metrics['mean_vec'][1]), lib.BATCH)
+    # Same split, op determinism, the table's order of sums: bitwise.
+    ref_loss, ref_grads, ref_dx = _OnePassReference(
+        ref, self._scale, self._inputs, m, _SumOrders(pipe, ref, m))
+    self.assertAllEqual(ref_loss, loss)
+    self.assertAllEqual(ref_dx, dx)
+    for pv, rv in pairs:
+      self.assertAllEqual(ref_grads[id(rv)], grads[id(pv)], msg=pv.name)
+
+  @parameterized.parameters(*_SCHEDULE_CASES)
+  def testEveryGradientMatchesSequential(self, sched, k, v, m, recompute):
+    """Run eagerly; dropout on (masks depend on the example key only)."""
+    pipe = lib.Pipeline(k, m, recompute, sched, v, keep_prob=0.75)
+    self._Check(pipe, m, lambda f: f)
+
+  @parameterized.parameters(itertools.product(
+      (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2)),
+      gpipe.RECOMPUTE_MODES))
+  def testWithBatchNorm(self, sched_v, recompute):
+    """Dropout and BatchNorm on: bitwise against the same split (BatchNorm
+    normalises per micro-batch), each BatchNorm sees the batch once, and
+    (dropout off) its moving averages move by the whole batch's moments."""
+    (sched, v), k, m = sched_v, 2, 4
+    pipe = lib.Pipeline(k, m, recompute, sched, v, keep_prob=0.75,
+                     batch_norm=True)
+    self._Check(pipe, m, lambda f: f,
+                lib.Reference(keep_prob=0.75, batch_norm=True))
+    bns = [layer for layer in pipe.Layers()
+           if isinstance(layer, normalization.BatchNormLayer)]
+    self.assertLen(bns, lib.NUM_LAYERS)
+    for bn in bns:  # re-computation added nothing
+      self.assertEqual(float(bn.accumulators.acc_count), lib.BATCH, bn.path)
+    pipe = lib.Pipeline(k, m, recompute, sched, v, batch_norm=True)
+    expected = lib.FullBatchMoments(pipe, self._inputs, m)
+    _OnePassGrads(pipe, self._scale, self._inputs, lambda f: f)
+    pipe.UpdateStats()
+    for bn, (mean, var) in expected.items():
+      self.assertAllClose(bn.vars.moving_mean, 0.5 * mean, atol=1e-12,
+                          rtol=0)
+      self.assertAllClose(bn.vars.moving_variance, 0.5 + 0.5 * var,
+                          atol=1e-12, rtol=0)
+
+  @parameterized.parameters(
+      ('1f1b', 2, 1, 4, 'always'), ('1f1b', 3, 1, 8, 'except_last'),
+      ('1f1b', 4, 1, 2, 'never'), ('interleaved_1f1b', 2, 2, 4, 'always'),
+      ('interleaved_1f1b', 2, 2, 2, 'never'), ('gpipe', 2, 1, 4, 'always'))
+  def testTracedStepMatchesSequential(self, sched, k, v, m, recompute):
+    """In a tf.function (control dependencies, Grappler): still bitwise."""
+    pipe = lib.Pipeline(k, m, recompute, sched, v, keep_prob=0.75)
+    self._Check(pipe, m, lib.Function)
+
+
+if __name__ == '__main__':
+  absltest.main()
