@@ -13,6 +13,7 @@ section 2):
   Loss(head_theta, y, batch_m, W, acc)       one-pass training only: the
     -> l_m, metrics_m, dy, acc + dhead       loss of micro-batch m and its
                                              gradient, on the last device
+                                             (pipeline_loss.py)
 
 A stage that keeps its activations (recompute 'never', the last one with
 'except_last') uses `residuals.SplitCell` instead: a forward that also
@@ -45,22 +46,21 @@ Backward_s traces the cell under `NoStatUpdates`, so statistics
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 from typing import Tuple
 
 import tensorflow as tf
 
 from lingvo_pipe.core import input_gradient
 from lingvo_pipe.core import pipeline_engine
+from lingvo_pipe.core import pipeline_loss
 from lingvo_pipe.core import residuals
 from lingvo_pipe.core import schedule
 from lingvo_pipe.core import stamps
 from lingvo_pipe.core.nested_map import NestedMap
 
 Leaves = List[Optional[tf.Tensor]]
-# A loss head: (head_theta, last stage's outputs, batch) of one micro-batch
-# -> metrics {name: (value, weight)} with 'loss' (BaseTask.ComputeLoss's).
-Head = Callable[[NestedMap, Any, Any], Mapping[str, Tuple[Any, Any]]]
+Head = pipeline_loss.Head
 
 # Function attributes of every stage function (see module docstring).
 _FUNCTION_ATTRIBUTES = {'_noinline': True}
@@ -173,17 +173,9 @@ class PipelineRun:
                                lambda fn, d=d: _OnDevice(fn, d))
         for s, d in enumerate(self._devices)
         if layer.KeepsActivations(s)}
-    # One-pass training (Train): the loss head and what it reads.
-    self._head: Optional[Head] = None
-    self._head_fn: Optional[Callable[..., Any]] = None
+    # One-pass training (Train): the loss head, and its theta as Run got it.
+    self._loss: Optional[pipeline_loss.LossHead] = None
     self._head_theta: Leaves = []
-    self._head_structure: Any = None
-    self._side: Dict[int, Leaves] = {}
-    self._side_structure: Any = None
-    self._total_weight: Optional[tf.Tensor] = None
-    self._head_acc: Optional[Leaves] = None
-    self._losses: Dict[int, Tuple[tf.Tensor, List[tf.Tensor]]] = {}
-    self._metric_names: List[str] = []
 
   # ---- the stage functions -----------------------------------------------
 
@@ -306,62 +298,7 @@ class PipelineRun:
 
   def Loss(self, m: int, y: Leaves) -> Tuple[Leaves, Leaves]:
     """Micro-batch m's loss and d y, on the last device (Train)."""
-    self._out_structure = self._structures[self._s]
-    if self._head_acc is None:
-      with tf.name_scope('zeros'):
-        self._head_acc = [tf.zeros_like(t) if residuals.IsFloat(t) else None
-                          for t in self._head_theta]
-    loss, metrics, dy, self._head_acc = self._head_fn(
-        self._head_theta, y, self._side[m], self._total_weight,
-        self._head_acc)
-    self._losses[m] = (loss, list(metrics))
-    return list(dy), [loss] + [t for t in self._head_acc if t is not None]
-
-  def _HeadFn(self) -> Callable[..., Any]:
-    """The loss of one micro-batch, its share of the whole batch's, and
-    the gradients of that share (module docstring)."""
-
-    def Loss(head_theta, y, side, total_weight, acc):
-      head_theta, y = list(head_theta), list(y)
-      tape = tf.GradientTape(watch_accessed_variables=False)
-      with tape:
-        tape.watch(_Floats(y + head_theta))
-        metrics = self._head(
-            tf.nest.pack_sequence_as(self._head_structure, head_theta),
-            tf.nest.pack_sequence_as(self._out_structure, y),
-            tf.nest.pack_sequence_as(self._side_structure, list(side)))
-        value, weight = self._CheckedMetrics(metrics)
-        share = tf.stop_gradient(tf.cast(weight, value.dtype) /
-                                 tf.cast(total_weight, value.dtype))
-        loss = value * share
-      sources = [t for t in y + head_theta]
-      floats = [t is not None and residuals.IsFloat(t) for t in sources]
-      grads = iter(tape.gradient(loss, [t for t, f in zip(sources, floats)
-                                        if f]))
-      full = [next(grads) if f else None for f in floats]
-      dy, dhead = full[:len(y)], full[len(y):]
-      flat = [v for name in self._metric_names for v in (
-          tf.convert_to_tensor(metrics[name][0]),
-          tf.convert_to_tensor(metrics[name][1]))]
-      new_acc = [None if a is None else (a if g is None else a + g)
-                 for a, g in zip(acc, dhead)]
-      return loss, flat, dy, new_acc
-
-    Loss.__name__ = 'loss_head'
-    return Loss
-
-  def _CheckedMetrics(self, metrics: Any) -> Tuple[tf.Tensor, tf.Tensor]:
-    where = f"PipeliningLayer '{self._layer.path}'"
-    if not isinstance(metrics, Mapping) or 'loss' not in metrics:
-      raise ValueError(f"{where}: the loss head must return metrics with a "
-                       f"'loss' entry, got {metrics!r}.")
-    for name, pair in metrics.items():
-      if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-        raise ValueError(f'{where}: loss head metric {name!r} must be a '
-                         f'(value, weight) pair, got {pair!r}.')
-    self._metric_names = sorted(metrics)
-    value, weight = metrics['loss']
-    return tf.convert_to_tensor(value), tf.convert_to_tensor(weight)
+    return self._loss.Call(m, y, self._structures[self._s], self._head_theta)
 
   # ---- the differentiable FProp -------------------------------------------
 
@@ -401,51 +338,41 @@ class PipelineRun:
 
   # ---- one-pass training --------------------------------------------------
 
-  def Train(self, leaves: Leaves, table: schedule.Schedule, head: Head,
-            head_theta: Any, batch: Any, total_weight: tf.Tensor
-            ) -> NestedMap:
+  def Train(self, leaves: Leaves, table: schedule.Schedule,
+            head: pipeline_loss.Head, head_theta: Any, batch: Any,
+            total_weight: tf.Tensor) -> NestedMap:
     """Runs the whole table once; metrics {name: (value, weight)}.
 
     `batch` (any nest, batch on the pipeline's batch axis; scalars go to
     every micro-batch) is split like the inputs and given to `head` with
-    the last stage's outputs of the same micro-batch. `total_weight` is
-    the whole batch's weight of the 'loss' metric: micro-batch m adds
-    value_m * weight_m / total_weight to the loss, so the loss is the
-    same weighted mean as the head's on the whole batch. Only the loss is
-    differentiable; its gradient reaches the inputs, every stage's theta
-    and `head_theta`.
+    the last stage's outputs of the same micro-batch (pipeline_loss.py).
+    Only the loss is differentiable; its gradient reaches the inputs,
+    every stage's theta and `head_theta`.
     """
     self._PrepareInputGradient(leaves)
     last = self._devices[-1]
-    self._head = head
-    self._head_structure = head_theta
-    with tf.device(last):
-      head_leaves = [tf.convert_to_tensor(t)
-                     for t in tf.nest.flatten(head_theta)]
-      self._total_weight = tf.convert_to_tensor(total_weight)
     side = [tf.convert_to_tensor(t) for t in tf.nest.flatten(batch)]
-    self._side_structure = batch
-    self._side = _Split(side, self._m, self._axis, last)
-    self._head_fn = _OnDevice(self._HeadFn(), last)
-    num_in = len(leaves)
+    self._loss = pipeline_loss.LossHead(
+        f"PipeliningLayer '{self._layer.path}'", head, head_theta,
+        _Split(side, self._m, self._axis, last), batch, total_weight, last,
+        lambda fn: _OnDevice(fn, last))
+    num_in, num_head = len(leaves), len(self._loss.theta_leaves)
     sizes = [len(t) for t in self._theta_leaves]
+    devices = ([self._devices[0]] * num_in +
+               [self._devices[s] for s, n in enumerate(sizes)
+                for _ in range(n)] + [last] * num_head)
 
     @tf.custom_gradient
     def Run(*args):
-      self._theta_leaves = _Unflatten(list(args[num_in:-len(head_leaves)]
-                                           if head_leaves else
-                                           args[num_in:]), sizes)
-      self._head_theta = list(args[len(args) - len(head_leaves):])
+      self._theta_leaves = _Unflatten(list(args[num_in:len(args) - num_head]),
+                                      sizes)
+      self._head_theta = list(args[len(args) - num_head:])
       flow = pipeline_engine.Flow(inputs=_Split(
           list(args[:num_in]), self._m, self._axis, self._devices[0]))
       self._engine.Run(table, flow, with_loss=True)
-      loss, metrics = self._Combine(last)
+      loss, metrics = self._loss.Combine(self._m)
       grads = (_Concat(flow.input_grads, self._axis, self._devices[0]) +
-               [g for part in self._acc for g in part] +
-               list(self._head_acc))
-      devices = ([self._devices[0]] * num_in +
-                 [self._devices[s] for s, n in enumerate(sizes)
-                  for _ in range(n)] + [last] * len(head_leaves))
+               [g for part in self._acc for g in part] + self._loss.grads)
 
       def Grad(dloss, *unused_metric_grads, variables=None):
         if variables:
@@ -453,52 +380,23 @@ class PipelineRun:
               f"PipeliningLayer '{self._layer.path}': the loss head reads "
               f'variables {[v.name for v in variables]} directly; pass '
               'them in its head_theta.')
-        out = []
-        for g, device in zip(grads, devices):
-          if g is None:
-            out.append(None)
-            continue
-          with tf.device(device):
-            out.append(g * tf.cast(dloss, g.dtype))
-        return out
+        return [_Scaled(g, dloss, device) for g, device in zip(grads,
+                                                               devices)]
 
       return [loss] + metrics, Grad
 
     flat = Run(*leaves, *[x for t in self._theta_leaves for x in t],
-               *head_leaves)
-    out = NestedMap()
-    for i, name in enumerate(self._metric_names):
-      out[name] = (flat[1 + 2 * i], flat[2 + 2 * i])
-    out.loss = (flat[0], out.loss[1])
-    return out
+               *self._loss.theta_leaves)
+    return self._loss.Metrics(flat[0], list(flat[1:]))
 
-  def _Combine(self, device: str) -> Tuple[tf.Tensor, List[tf.Tensor]]:
-    """The loss (sum of the micro-batches' shares, m = 0, 1, ...) and every
-    metric's (weighted mean, total weight), flat."""
-    with tf.device(device), tf.name_scope('metrics'):
-      losses = [self._losses[m][0] for m in range(self._m)]
-      loss = losses[0]
-      for share in losses[1:]:
-        loss = loss + share
-      flat = []
-      for i in range(len(self._metric_names)):
-        values = [self._losses[m][1][2 * i] for m in range(self._m)]
-        weights = [tf.cast(self._losses[m][1][2 * i + 1], values[0].dtype)
-                   for m in range(self._m)]
-        total = tf.add_n(weights)
-        flat += [tf.math.divide_no_nan(
-            tf.add_n([v * w for v, w in zip(values, weights)]), total), total]
-      i = self._metric_names.index('loss')
-      check = tf.debugging.assert_near(
-          flat[2 * i + 1], tf.cast(self._total_weight, flat[2 * i + 1].dtype),
-          rtol=1e-6, message=(
-              f"PipeliningLayer '{self._layer.path}': the loss weights of "
-              'the micro-batches do not add up to the total weight given; '
-              "make the task's LossWeight(batch) the sum of ComputeLoss's "
-              "'loss' weights"))
-      with tf.control_dependencies([check]):
-        loss = tf.identity(loss)
-    return loss, flat
+
+def _Scaled(grad: Optional[tf.Tensor], dloss: tf.Tensor,
+            device: str) -> Optional[tf.Tensor]:
+  """grad * d(caller's loss)/d(our loss), on the gradient's device."""
+  if grad is None:
+    return None
+  with tf.device(device):
+    return grad * tf.cast(dloss, grad.dtype)
 
 
 def _Unflatten(flat: List[tf.Tensor], sizes: Sequence[int]
