@@ -2,7 +2,7 @@
 
   .venv/bin/python bench/throughput/table2.py [--model=transformer]
       [--rounds=5] [--warmup=2] [--ms=1,4,8,32] [--filters=16]
-      [--parts=workers,logical] [--json_out=FILE]
+      [--schedules=gpipe,1f1b] [--parts=workers,logical] [--json_out=FILE]
 
 --model=transformer: bench/gpipe's Transformer stack (stack.py: 8 encoder
 layers, d=256, batch 32); --model=amoebanet: AmoebaNet-D (6, --filters)
@@ -10,16 +10,20 @@ of lingvo_pipe.tasks.image.amoebanet (the published cells, CIFAR stem),
 on 32x32 images, batch 32, partitioned by flops. GPipe's re-computation
 ('always'); a step is the trainer's (bench/gpipe's stack.TrainStep): the
 forward, the loss (mean square of the output), every variable's gradient
-and an SGD update of each variable on its own device. Per (K, M):
+and an SGD update of each variable on its own device. Per schedule
+(--schedules; K=1 runs GPipe's only, every schedule is the same there) and
+(K, M):
 
   throughput   batch / median step time, over `rounds` rounds in which
                every configuration of the part runs one step, starting one
                further along each round (interleaved: the machine's drift
                hits all alike)
   normalised   throughput / that of K=2 M=1 (the paper's normalisation)
-  ideal        K M / (M + K - 1), normalised the same way (K=2 M=1: 1)
+  ideal        the schedule's table simulated with equal stages, backward
+               twice the forward, free hand-offs (K M / (M + K - 1) for
+               GPipe and 1F1B), normalised the same way (K=2 M=1: 1)
   bubble       measured by step_trace (one traced step after warm-up)
-               beside GPipe's (K-1)/(M+K-1)
+               beside the ideal bubble of the order that ran
 
 Part 1: K=1 and K=2 on two worker processes, each pinned to one core
 (`LocalWorkers`), partition k on task k: real parallel devices. Part 2:
@@ -40,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Tuple
+from typing import List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
@@ -48,11 +52,23 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from lingvo_pipe.core import local_workers  # noqa: E402
 
-Config = Tuple[int, int]  # (K, M)
+def _Label(k: int, m: int, schedule: str = 'gpipe') -> str:
+  return f'K={k} M={m}' + ('' if schedule == 'gpipe' else f' {schedule}')
 
 
-def _Label(k: int, m: int) -> str:
-  return f'K={k} M={m}'
+def _Schedules(k: int, schedules: List[str]) -> List[str]:
+  """Every schedule is GPipe's order with one device."""
+  return ['gpipe'] if k == 1 else schedules
+
+
+def _Ideal(k: int, m: int, schedule: str) -> float:
+  """The table's throughput against one device, equal stages (normalised
+  by the caller)."""
+  from lingvo_pipe.core import schedule as schedule_lib  # pylint: disable=g-import-not-at-top
+  table = schedule_lib.Make(schedule, k, m)
+  forward = 1.0 / (k * m)
+  return 3.0 / schedule_lib.Simulate(table, [forward] * k,
+                                     [2 * forward] * k).step
 
 
 # ---- the client (a subprocess) ---------------------------------------------
@@ -75,22 +91,24 @@ def _Client(args: argparse.Namespace) -> None:
   else:
     inputs, describe = _AmoebaInputs(), _AmoebaText(args.filters)
   steps, out = {}, {}
-  for k in args.ks:
-    for m in args.ms:
-      setup = stack_lib.Setup('pipe', k, m, 'always')
-      if args.model == 'transformer':
-        layer = stack_lib.BuildModel(stack, setup, devices)
-        fn = stack_lib.TrainStepFunction(layer, setup, devices[0])
-      else:
-        fn = _AmoebaStep(k, m, devices, args.filters)
-      steps[_Label(k, m)] = stack_lib.Prepare(fn, inputs, args.warmup).fn
-      trace = step_trace.Measure(fn.python_function, inputs, warmup=1)
-      layer_path = trace.Layers()[0]
-      out[_Label(k, m)] = {
-          'k': k, 'm': m, 'times': [], 'bubble': trace.Bubble(layer_path),
-          'ideal_bubble': trace.IdealBubble(layer_path),
-          'busy': trace.BusyFractions(layer_path),
-          'devices': devices[:k]}
+  configs = [(k, m, sched) for k in args.ks for m in args.ms
+             for sched in _Schedules(k, args.schedules)]
+  for k, m, sched in configs:
+    setup = stack_lib.Setup('pipe', k, m, 'always', sched)
+    if args.model == 'transformer':
+      layer = stack_lib.BuildModel(stack, setup, devices)
+      fn = stack_lib.TrainStepFunction(layer, setup, devices[0])
+    else:
+      fn = _AmoebaStep(k, m, devices, args.filters, sched)
+    label = _Label(k, m, sched)
+    steps[label] = stack_lib.Prepare(fn, inputs, args.warmup).fn
+    trace = step_trace.Measure(fn.python_function, inputs, warmup=1)
+    layer_path = trace.Layers()[0]
+    out[label] = {
+        'k': k, 'm': m, 'schedule': sched, 'times': [],
+        'bubble': trace.Bubble(layer_path),
+        'ideal_bubble': trace.IdealBubble(layer_path, measured=False),
+        'busy': trace.BusyFractions(layer_path), 'devices': devices[:k]}
   for label in stack_lib.Rotations(list(steps), args.rounds):
     begin = time.perf_counter()
     steps[label](inputs)[0].numpy()
@@ -114,7 +132,8 @@ def _AmoebaInputs():
   return tf.random.stateless_normal([_AMOEBA_BATCH, 32, 32, 3], [1, 2])
 
 
-def _AmoebaStep(k: int, m: int, devices: List[str], filters: int):
+def _AmoebaStep(k: int, m: int, devices: List[str], filters: int,
+                schedule: str):
   """tf.function: images -> (loss,), stack.TrainStep's; split by flops."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tasks.image import amoebanet  # pylint: disable=g-import-not-at-top
@@ -122,7 +141,7 @@ def _AmoebaStep(k: int, m: int, devices: List[str], filters: int):
   import stack as stack_lib  # pylint: disable=g-import-not-at-top
   p = model.GPipeNetworkParams(
       amoebanet.AmoebaNetD(filters=filters, **_AMOEBA), k, m,
-      tf.TensorShape([_AMOEBA_BATCH // m, 32, 32, 3]))
+      tf.TensorShape([_AMOEBA_BATCH // m, 32, 32, 3]), schedule=schedule)
   layer = p.Set(name='amoebanet', devices=devices[:k]).Instantiate()
   layer.SetTraining(True)
   return stack_lib.TrainStep(
@@ -137,7 +156,8 @@ def _RunClient(args: argparse.Namespace, ks: List[int], spec: str) -> dict:
              f'--model={args.model}',
              '--ks=' + ','.join(map(str, ks)), f'--ms={args.ms}',
              f'--rounds={args.rounds}', f'--warmup={args.warmup}',
-             f'--filters={args.filters}']
+             f'--filters={args.filters}',
+             '--schedules=' + ','.join(args.schedules)]
   if spec:
     command.append(f'--cluster_spec={spec}')
   child = subprocess.run(command, capture_output=True, text=True,
@@ -148,23 +168,27 @@ def _RunClient(args: argparse.Namespace, ks: List[int], spec: str) -> dict:
   return json.loads(child.stdout.strip().splitlines()[-1])
 
 
-def _Table(res: dict, ks: List[int], ms: List[int]) -> str:
+def _Table(res: dict, ks: List[int], ms: List[int],
+           schedules: List[str]) -> str:
   configs = res['configs']
   base = statistics.median(configs[_Label(2, 1)]['times'])
-  lines = ['| K | ' + ' | '.join(f'M={m}' for m in ms) + ' |',
-           '|---|' + '---|' * len(ms)]
+  base_ideal = _Ideal(2, 1, 'gpipe')
+  lines = ['| K | schedule | ' + ' | '.join(f'M={m}' for m in ms) + ' |',
+           '|---|---|' + '---|' * len(ms)]
   for k in ks:
-    cells = []
-    for m in ms:
-      rec = configs[_Label(k, m)]
-      t = statistics.median(rec['times'])
-      cells.append(f'{base / t:.2f} ({k * m / (m + k - 1):.2f}); bubble '
-                   f'{rec["bubble"]:.0%} ({rec["ideal_bubble"]:.0%})')
-    lines.append(f'| {k} | ' + ' | '.join(cells) + ' |')
+    for sched in _Schedules(k, schedules):
+      cells = []
+      for m in ms:
+        rec = configs[_Label(k, m, sched)]
+        t = statistics.median(rec['times'])
+        ideal = _Ideal(k, m, sched) / base_ideal
+        cells.append(f'{base / t:.2f} ({ideal:.2f}); bubble '
+                     f'{rec["bubble"]:.0%} ({rec["ideal_bubble"]:.0%})')
+      lines.append(f'| {k} | {sched} | ' + ' | '.join(cells) + ' |')
   lines.append('')
-  lines.append('Cells: normalised throughput (ideal); measured bubble '
-               '(GPipe\'s (K-1)/(M+K-1)). K=2 M=1 median step: '
-               f'{base:.3f} s for {res["batch"]} examples.')
+  lines.append('Cells: normalised throughput (ideal of the schedule); '
+               'measured bubble (ideal bubble of that order). K=2 M=1 '
+               f'median step: {base:.3f} s for {res["batch"]} examples.')
   return '\n'.join(lines)
 
 
@@ -177,6 +201,8 @@ def _Args() -> argparse.Namespace:
                       default='transformer')
   parser.add_argument('--filters', type=int, default=16,
                       help='AmoebaNet-D\'s D (--model=amoebanet).')
+  parser.add_argument('--schedules', default='gpipe',
+                      help='Comma-separated schedules (gpipe, 1f1b).')
   parser.add_argument('--parts', default='workers,logical',
                       help='workers: K=1, 2 on two worker processes; '
                       'logical: K=2, 4, 8 on logical CPUs.')
@@ -187,6 +213,7 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--cluster_spec', default='', help=argparse.SUPPRESS)
   args = parser.parse_args()
   args.parts = args.parts.split(',')
+  args.schedules = args.schedules.split(',')
   unknown = set(args.parts) - {'workers', 'logical'}
   if unknown or not args.parts:
     parser.error(f'--parts={",".join(args.parts)}: give workers, logical '
@@ -215,13 +242,14 @@ def main() -> None:
         part1 = results['workers'] = _RunClient(args, [1, 2], workers.spec)
     print(f'\nModel: {part1["stack"]}; re-computation always.\n\n'
           '### K=1, 2 on two worker processes, one core each\n\n' +
-          _Table(part1, [1, 2], ms), flush=True)
+          _Table(part1, [1, 2], ms, args.schedules), flush=True)
   if 'logical' in args.parts:
     part2 = results['logical'] = _RunClient(args, [2, 4, 8], '')
     if 'workers' not in args.parts:
       print(f'\nModel: {part2["stack"]}; re-computation always.')
     print('\n### K=2, 4, 8 on 8 logical CPUs sharing 2 cores (overheads, '
-          'not speed)\n\n' + _Table(part2, [2, 4, 8], ms), flush=True)
+          'not speed)\n\n' + _Table(part2, [2, 4, 8], ms, args.schedules),
+          flush=True)
   if args.json_out:
     with open(args.json_out, 'w') as f:
       json.dump(results, f)
