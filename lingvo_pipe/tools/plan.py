@@ -2,17 +2,21 @@
 
   python -m lingvo_pipe.tools.plan --model=image.synthetic.AmoebaNetTinyGPipe
       [--num_partitions=K] [--num_micro_batches=M] [--memory_budget=2GiB]
+      [--schedule=gpipe|1f1b|interleaved_1f1b] [--num_virtual_stages=V]
       [--num_devices=N] [--recompute=always|except_last|never]
       [--cores=0,1]
 
 Measures each layer of the model's pipeline once on this host's first
 device (layer_profile.py: forward and backward seconds at the micro-batch
 size, activation bytes from the traced gradient), splits the layers into
-K partitions minimising the slowest partition's time per micro-batch
-among the splits whose every partition fits the memory budget
-(partitioner.MinMaxPartition with a memory constraint), and prints the
-predicted step time (the GPipe schedule's critical path, step_model.py),
-each partition's peak memory, the bubble and the balance report.
+K x V stages minimising the slowest stage's time per micro-batch among
+the splits whose every stage fits the memory budget (the DP of
+partitioner.MinMaxPartition, told each stage's place in the table: 1F1B's
+stage k holds K - k micro-batches, GPipe's M), and prints the predicted
+step time (the schedule's table run with those costs,
+schedule.Simulate via step_model.py), each stage's peak memory (and each
+device's with V > 1 stages per device), the bubble of that simulation and
+the balance report.
 
 The per-layer sums choose the split; the chosen split's partitions are
 then measured again, each as one SequentialLayer (as the pipeline runs
@@ -35,7 +39,13 @@ input when the model's params class says the step makes none
 Without K or M it suggests them: every K from 1 to the number of devices
 and every M dividing the batch (measured again for each micro-batch
 size), the fastest step by the layers' sums that fits; of those within
-2% of it, the fewest devices, then the fewest micro-batches.
+2% of it, the fewest devices, then the fewest micro-batches, then the
+least memory on a device. Without --schedule it compares GPipe and 1F1B
+(with V > 1, GPipe and interleaved 1F1B) for each (K, M) the same way:
+their steps are often equal (the same bubble), and then 1F1B, holding at
+most K - k micro-batches on stage k where GPipe holds all M, is chosen,
+and under a tight budget it fits larger M or fewer devices. The report
+says which schedule and why in one line.
 
 To plan for worker processes pinned to one core each, run the planner
 pinned the same way (`taskset -c 0 python -m lingvo_pipe.tools.plan ...`):
@@ -43,9 +53,11 @@ the measured layers then get one core, as each partition will. Give it
 the workers' cores too (`--cores=0,1`): the chosen split's partitions are
 then measured all at once, partition k in a process pinned to the k-th
 core, so each is timed beside busy neighbours, as in the pipeline's
-steady state. Partitions sharing a host's caches and memory slow each
-other: on an earlier VM AmoebaNet-D's first partition's backward took 19%
-longer with the other core busy (docs/DESIGN.md section 31). Without
+steady state (V = 1: with V > 1 stages per device the stages are
+measured one after another). Partitions sharing a host's caches and
+memory slow each other: on an earlier VM AmoebaNet-D's first partition's
+backward took 19% longer with the other core busy (docs/DESIGN.md
+section 31). Without
 --cores they are measured one after another on this process's device (a
 GPU's partitions do not share one).
 """
@@ -58,7 +70,7 @@ import math
 import os
 import re
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lingvo_pipe.core import quiet
 
@@ -68,12 +80,14 @@ from lingvo_pipe.core import cluster  # noqa: E402
 from lingvo_pipe.core import devices as devices_lib  # noqa: E402
 from lingvo_pipe.core import partitioner  # noqa: E402
 from lingvo_pipe.core import schedule  # noqa: E402
+from lingvo_pipe.tools import budget_split  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 from lingvo_pipe.tools import model_pipeline  # noqa: E402
 from lingvo_pipe.tools import step_model  # noqa: E402
 from lingvo_pipe.tools import transfer_profile  # noqa: E402
 
 Profile = layer_profile.LayerProfile
+Layout = step_model.Layout
 _NEAR_BEST = 1.02  # suggestions within 2% of the fastest count as ties
 _UNITS = {'': 1, 'b': 1, 'kb': 1e3, 'mb': 1e6, 'gb': 1e9, 'kib': 2**10,
           'mib': 2**20, 'gib': 2**30, 'tib': 2**40}
@@ -101,56 +115,6 @@ def Bytes(x: float) -> str:
   return partitioner.Bytes(int(x))
 
 
-# ---- the split under a budget --------------------------------------------
-
-
-def _LayerCosts(profiles: Sequence[Profile], recompute: str) -> List[float]:
-  """Time per micro-batch of each layer, re-computation included."""
-  again = recompute != 'never'
-  return [p.forward_s * (2 if again else 1) + p.backward_s
-          for p in profiles]
-
-
-def _PartPeak(profiles: Sequence[Profile], m: int, recompute: str,
-              s: int, e: int) -> int:
-  last = e == len(profiles)
-  keeps = recompute == 'never' or (recompute == 'except_last' and last)
-  return step_model.PredictPartition(profiles[s:e], m, keeps,
-                                     last).peak_bytes
-
-
-def Split(profiles: Sequence[Profile], num_partitions: int, m: int,
-          recompute: str = 'always',
-          budget: Optional[int] = None) -> List[int]:
-  """Bounds of the min-max time split whose partitions all fit `budget`.
-
-  Raises partitioner.NoFeasibleSplit if no split of K partitions fits.
-  """
-  def Fits(s: int, e: int) -> bool:
-    return _PartPeak(profiles, m, recompute, s, e) <= budget
-
-  return partitioner.MinMaxPartition(_LayerCosts(profiles, recompute),
-                                     num_partitions,
-                                     None if budget is None else Fits)
-
-
-def LeastPeak(profiles: Sequence[Profile], num_partitions: int, m: int,
-              recompute: str = 'always') -> int:
-  """The smallest per-device budget any split of K partitions fits."""
-  n = len(profiles)
-  peaks = sorted({_PartPeak(profiles, m, recompute, s, e)
-                  for s in range(n) for e in range(s + 1, n + 1)})
-  lo, hi = 0, len(peaks) - 1  # peaks[hi] (the whole model) always fits
-  while lo < hi:
-    mid = (lo + hi) // 2
-    try:
-      Split(profiles, num_partitions, m, recompute, peaks[mid])
-      hi = mid
-    except partitioner.NoFeasibleSplit:
-      lo = mid + 1
-  return peaks[lo]
-
-
 # ---- one plan ------------------------------------------------------------
 
 
@@ -163,7 +127,7 @@ class PlanResult:
   recompute: str
   bounds: List[int]
   profiles: List[Profile]
-  partitions: List[step_model.PartitionPrediction]
+  partitions: List[step_model.PartitionPrediction]  # one per stage
   step_s: float
   idle: float
   budget: Optional[int] = None
@@ -176,13 +140,31 @@ class PlanResult:
   # each boundary's hop per micro-batch (step_model's hop_s).
   transfer: transfer_profile.TransferCost = transfer_profile.TransferCost()
   hop_s: List[float] = dataclasses.field(default_factory=list)
+  layout: Layout = Layout()
+  # Per device: its stages' memory together, and its time in its actions
+  # per step (the simulation's).
+  devices: List[step_model.DevicePrediction] = dataclasses.field(
+      default_factory=list)
+  busy_s: List[float] = dataclasses.field(default_factory=list)
+  why_schedule: str = ''  # set when the schedule was suggested
+  note: str = ''
 
   @property
   def num_partitions(self) -> int:
+    """S, the stages (K x V)."""
     return len(self.partitions)
 
+  @property
+  def num_devices(self) -> int:
+    return self.num_partitions // self.layout.num_virtual_stages
+
+  @property
+  def peak_bytes(self) -> int:
+    """The most one device holds."""
+    return max(d.peak_bytes for d in self.devices)
+
   def Report(self) -> partitioner.BalanceReport:
-    costs = _LayerCosts(self.profiles, self.recompute)
+    costs = budget_split.LayerCosts(self.profiles, self.recompute)
     parts = []
     for a, b in zip(self.bounds, self.bounds[1:]):
       layer_ps = self.profiles[a:b]
@@ -191,26 +173,28 @@ class PlanResult:
           layer_costs=tuple(costs[a:b]), cost=sum(costs[a:b]),
           num_params=sum(p.num_params for p in layer_ps),
           activation_bytes=sum(p.output_bytes for p in layer_ps)))
-    return partitioner.BalanceReport('time', self.num_micro_batches,
-                                     tuple(parts))
+    return partitioner.BalanceReport(
+        'time', self.num_micro_batches, tuple(parts),
+        self.layout.schedule_name, self.layout.num_virtual_stages)
 
-  def __str__(self) -> str:
-    k, m = self.num_partitions, self.num_micro_batches
-    lines = [f"Plan for '{self.name}': K={k} partitions, M={m} micro-batches "
+  def _Head(self) -> List[str]:
+    m, v = self.num_micro_batches, self.layout.num_virtual_stages
+    shape = (f'K={self.num_devices} devices x V={v} stages' if v > 1 else
+             f'K={self.num_partitions} partitions')
+    lines = [f"Plan for '{self.name}': {shape}, M={m} micro-batches "
              f'of {self.batch_size // m} (batch {self.batch_size}), '
+             f'schedule {self.layout.schedule_name}, '
              f'recompute={self.recompute}' + (
                  f', budget {Bytes(self.budget)} per device'
                  if self.budget else '')]
     if self.why:
       lines.append(f'Suggested: {self.why}')
+    if self.why_schedule:
+      lines.append(f'Schedule: {self.why_schedule}')
     lines.append(
         f'Predicted step: {self.step_s:.3f} s (forward + backward of the '
-        f'pipeline); bubble {schedule.BubbleFraction(k, m):.1%} by '
-        f'(K-1)/(M+K-1), {self.idle:.1%} idle by the predicted schedule')
-    how = ('each partition measured whole' if self.partition_profiles
-           else 'sums of the layers measured one by one')
-    if self.partition_profiles and self.cores:
-      how += f', all at once on cores {self.cores}'
+        f'pipeline, the {self.layout.schedule_name} table run with these '
+        f'costs and hand-offs); bubble {self.idle:.1%} idle')
     if self.hop_s and self.transfer.measured:
       lines.append('  Hand-offs per micro-batch, each way: ' + ', '.join(
           f'{i}->{i + 1} {h * 1e3:.2f} ms' for i, h in enumerate(self.hop_s))
@@ -219,19 +203,41 @@ class PlanResult:
       lines.append(f'  Hand-offs between partitions counted as free '
                    f'({self.transfer.between}; --cores measures them '
                    'between worker processes)')
-    lines.append(f'  part  F/micro    B/micro    peak memory = resident + '
-                 f'gradients + kept activations ({how})')
+    return lines
+
+  def _Memory(self) -> List[str]:
+    how = ('each partition measured whole' if self.partition_profiles
+           else 'sums of the layers measured one by one')
+    if self.partition_profiles and self.cores:
+      how += f', all at once on cores {self.cores}'
+    lines = [f'  part  F/micro    B/micro    peak memory = resident + '
+             f'gradients + kept activations ({how})']
     for i, part in enumerate(self.partitions):
       fwd, bwd = part.forward_s * 1e3, part.backward_s * 1e3
       lines.append(
           f'  {i:<4}  {fwd:7.2f} ms {bwd:7.2f} ms '
           f'{Bytes(part.peak_bytes):>10} = {Bytes(part.resident_bytes)} '
           f'+ {Bytes(part.gradient_bytes)} + {Bytes(part.kept_bytes)}')
-    over = [i for i, part in enumerate(self.partitions)
-            if self.budget and part.peak_bytes > self.budget]
+    if self.layout.num_virtual_stages > 1:
+      for d, dev in enumerate(self.devices):
+        lines.append(
+            f'  device {d} (stages {", ".join(map(str, dev.stages))}): busy '
+            f'{self.busy_s[d]:.3f} s of the step, peak '
+            f'{Bytes(dev.peak_bytes)} = {Bytes(dev.resident_bytes)} + '
+            f'{Bytes(dev.gradient_bytes)} + {Bytes(dev.kept_bytes)}')
+    if self.note:
+      lines.append(f'  ({self.note})')
+    return lines
+
+  def __str__(self) -> str:
+    lines = self._Head() + self._Memory()
+    over = [i for i, dev in enumerate(self.devices)
+            if self.budget and dev.peak_bytes > self.budget]
     if over:
+      what = ('partitions' if self.layout.num_virtual_stages == 1
+              else 'devices')
       lines.append(
-          f'  partitions {over} measured whole exceed the budget, which '
+          f'  {what} {over} measured whole exceed the budget, which '
           'their layers\' sums fitted: raise --memory_budget or use more '
           'partitions or micro-batches.')
     if any(p.backward_peak_bytes is None
@@ -244,45 +250,73 @@ class PlanResult:
     return '\n'.join(lines)
 
 
+def _OverBudget(result: PlanResult) -> str:
+  """'' if every device fits; else what to change, one line."""
+  if not result.budget or result.peak_bytes <= result.budget:
+    return ''
+  d, dev = max(enumerate(result.devices), key=lambda x: x[1].peak_bytes)
+  return (f'memory_budget={Bytes(result.budget)} is too small for '
+          f'K={result.num_devices} M={result.num_micro_batches} '
+          f'{result.layout}: device {d} holds its stages {list(dev.stages)} '
+          f'at once, {Bytes(dev.peak_bytes)}; raise --memory_budget to '
+          f'{Bytes(dev.peak_bytes)} or use more devices.')
+
+
 def Evaluate(name: str, profiles: Sequence[Profile], batch_size: int,
              num_partitions: int, m: int, recompute: str = 'always',
              budget: Optional[int] = None,
-             transfer: Optional[transfer_profile.TransferCost] = None
-             ) -> PlanResult:
-  """The best split of K partitions for M micro-batches, predicted."""
-  n = len(profiles)
-  if not 1 <= num_partitions <= n:
+             transfer: Optional[transfer_profile.TransferCost] = None,
+             layout: Layout = Layout()) -> PlanResult:
+  """The best split onto K = num_partitions devices (K x V stages) for M
+  micro-batches in the layout's schedule, predicted."""
+  n, v = len(profiles), layout.num_virtual_stages
+  if not 1 <= num_partitions * v <= n:
+    stages = f' x num_virtual_stages={v}' if v > 1 else ''
     raise ValueError(
-        f'num_partitions={num_partitions} but the pipeline has {n} layers; '
-        f'use between 1 and {n}.')
+        f'num_partitions={num_partitions}{stages} but the pipeline has {n} '
+        f'layers; use between 1 and {n // v}.')
+  layout.Table(num_partitions, m)  # the schedule's own error first
   try:
-    bounds = Split(profiles, num_partitions, m, recompute, budget)
+    bounds = budget_split.Split(profiles, num_partitions, m, recompute,
+                                budget, layout)
   except partitioner.NoFeasibleSplit:
     raise ValueError(_TooSmall(profiles, num_partitions, m, recompute,
-                               budget)) from None
-  return _Predicted(name, profiles, batch_size, bounds, m, recompute, budget,
-                    transfer)
+                               budget, layout)) from None
+  result = _Predicted(name, profiles, batch_size, bounds, m, recompute,
+                      budget, transfer, layout)
+  over = _OverBudget(result)
+  if over:
+    raise ValueError(over)
+  return result
 
 
 def _Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
                bounds: List[int], m: int, recompute: str,
                budget: Optional[int],
-               transfer: Optional[transfer_profile.TransferCost] = None
-               ) -> PlanResult:
+               transfer: Optional[transfer_profile.TransferCost] = None,
+               layout: Layout = Layout()) -> PlanResult:
   """The prediction for a split; each boundary's hop is `transfer` of the
-  last layer's output before it (one micro-batch)."""
-  parts = step_model.Predict(profiles, bounds, m, recompute)
-  fwd = [p.forward_s for p in parts]
-  bwd = [p.backward_s for p in parts]
+  last layer's output before it (one micro-batch), free between stages
+  on one device."""
+  s_total = len(bounds) - 1
+  v = layout.num_virtual_stages
+  table = layout.Table(s_total // v, m)
+  parts = step_model.Predict(profiles, bounds, m, recompute,
+                             layout.schedule_name, v)
   transfer = transfer or transfer_profile.TransferCost()
+  devs = table.stage_devices
   hops = [transfer.Seconds(profiles[b - 1].output_bytes)
-          for b in bounds[1:-1]]
+          if devs[i] != devs[i + 1] else 0.0
+          for i, b in enumerate(bounds[1:-1])]
+  sim = schedule.Simulate(table, [p.forward_s for p in parts],
+                          [p.backward_s for p in parts], 0.0, hops)
   return PlanResult(
       name=name, batch_size=batch_size, num_micro_batches=m,
       recompute=recompute, bounds=bounds, profiles=list(profiles),
-      partitions=parts, step_s=step_model.StepSeconds(fwd, bwd, m, 0.0, hops),
-      idle=step_model.IdleFraction(fwd, bwd, m, 0.0, hops), budget=budget,
-      transfer=transfer, hop_s=hops)
+      partitions=parts, step_s=sim.step, idle=sim.bubble, budget=budget,
+      transfer=transfer, hop_s=hops, layout=layout,
+      devices=step_model.PredictDevices(parts, table),
+      busy_s=list(sim.busy))
 
 
 def MeasureTransfer(num_partitions: int,
@@ -290,7 +324,7 @@ def MeasureTransfer(num_partitions: int,
                     ) -> transfer_profile.TransferCost:
   """What a boundary tensor costs between the target's devices: worker
   servers pinned to the first two `cores`, else this process's first two
-  devices; nothing to measure with one partition or one device."""
+  devices; nothing to measure with one device (num_partitions: K)."""
   if num_partitions < 2:
     return transfer_profile.TransferCost(between='one partition')
   if cores:
@@ -312,14 +346,16 @@ def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
   the first layer's inputs for one micro-batch. With `cores` (one per
   partition), the partitions are measured all at once, each pinned to its
   core (layer_profile.ProfilePartitionsTogether); else one after another
-  on the current device. The hand-offs between partitions cost
+  on the current device, as are the stages of a layout with V > 1 (one
+  core per stage is not what runs). The hand-offs between partitions cost
   `transfer`, measured (MeasureTransfer) if not given. `input_gradient`:
   whether the step differentiates the pipeline's input
   (layer_profile.ProfileLayers'); a first partition that keeps its
   activations makes that gradient anyway, as the pipeline's does."""
   input_gradient = input_gradient or step_model.KeepsActivations(
       result.recompute, 0, len(result.bounds) - 1)
-  if cores:
+  together = cores and result.layout.num_virtual_stages == 1
+  if together:
     parts = layer_profile.ProfilePartitionsTogether(
         layers, result.bounds, input_shapes, cores, optimizer_p=optimizer_p,
         num_runs=num_runs, input_gradient=input_gradient)
@@ -327,30 +363,34 @@ def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
     parts = layer_profile.ProfilePartitions(
         layers, result.bounds, input_shapes, optimizer_p=optimizer_p,
         num_runs=num_runs, input_gradient=input_gradient)
-  m, k = result.num_micro_batches, len(parts)
   if transfer is None:
-    transfer = MeasureTransfer(k, cores)
+    transfer = MeasureTransfer(result.num_devices, cores)
   predicted = _Predicted(result.name, parts, result.batch_size,
-                         list(range(k + 1)), m, result.recompute,
-                         result.budget, transfer)
+                         list(range(len(parts) + 1)),
+                         result.num_micro_batches, result.recompute,
+                         result.budget, transfer, result.layout)
+  note = ('stages measured one after another: --cores measures one '
+          'partition per core, V = 1' if cores and not together else '')
   return dataclasses.replace(
-      result, partitions=predicted.partitions, step_s=predicted.step_s,
-      idle=predicted.idle, partition_profiles=parts,
-      cores=list(cores)[:k] if cores else None, transfer=transfer,
-      hop_s=predicted.hop_s)
+      predicted, bounds=result.bounds, profiles=result.profiles,
+      why=result.why, why_schedule=result.why_schedule,
+      partition_profiles=parts,
+      cores=list(cores)[:len(parts)] if together else None, note=note)
 
 
 def _TooSmall(profiles: Sequence[Profile], k: int, m: int, recompute: str,
-              budget: int) -> str:
+              budget: int, layout: Layout = Layout()) -> str:
   """One line: the budget K needs, and the K that fits this budget."""
-  need = LeastPeak(profiles, k, m, recompute)
-  more = next((j for j in range(k + 1, len(profiles) + 1)
-               if LeastPeak(profiles, j, m, recompute) <= budget), None)
+  v = layout.num_virtual_stages
+  need = budget_split.LeastPeak(profiles, k, m, recompute, layout)
+  more = next((j for j in range(k + 1, len(profiles) // v + 1)
+               if layout.HasTable(j, m) and budget_split.LeastPeak(
+                   profiles, j, m, recompute, layout) <= budget), None)
   hint = (f'use K={more} partitions' if more else
           'no K fits at this M (try more micro-batches)')
-  return (f'memory_budget={Bytes(budget)} is too small for K={k} M={m}: '
-          f'its best split needs {Bytes(need)} on one device; raise '
-          f'--memory_budget to {Bytes(need)} or {hint}.')
+  return (f'memory_budget={Bytes(budget)} is too small for K={k} M={m} '
+          f'{layout}: its best split needs {Bytes(need)} on one device; '
+          f'raise --memory_budget to {Bytes(need)} or {hint}.')
 
 
 # ---- suggestions ---------------------------------------------------------
@@ -360,45 +400,129 @@ def Divisors(n: int) -> List[int]:
   return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def Suggest(name: str, profiles_by_m: Dict[int, List[Profile]],
-            batch_size: int, ks: Sequence[int], recompute: str = 'always',
-            budget: Optional[int] = None,
-            transfer: Optional[transfer_profile.TransferCost] = None
-            ) -> PlanResult:
-  """The fastest predicted (K, M) that fits (module docstring)."""
+def Layouts(schedule_name: str = '', num_virtual_stages: int = 1
+            ) -> List[Layout]:
+  """The schedules to compare: the given one, else GPipe and 1F1B (with
+  V > 1: GPipe and interleaved 1F1B, V stages per device)."""
+  v = num_virtual_stages
+  if schedule_name:
+    return [Layout(schedule_name, v)]
+  return [Layout('gpipe', v), Layout('1f1b' if v == 1 else
+                                     'interleaved_1f1b', v)]
+
+
+def _Candidates(name: str, profiles_by_m: Dict[int, List[Profile]],
+                batch_size: int, ks: Sequence[int], recompute: str,
+                budget: Optional[int],
+                transfer: Optional[transfer_profile.TransferCost],
+                layouts: Sequence[Layout]) -> Tuple[List[PlanResult], Any]:
+  """Every (K, M, layout) whose best split fits, predicted; and the
+  least memory (need, K, M, layout) of those that do not."""
   plans, smallest = [], None
   for m, profiles in sorted(profiles_by_m.items()):
     for k in ks:
-      if k > len(profiles):
-        continue
-      try:
-        bounds = Split(profiles, k, m, recompute, budget)
-      except partitioner.NoFeasibleSplit:
-        need = LeastPeak(profiles, k, m, recompute)
-        smallest = min(smallest or (math.inf,), (need, k, m))
-        continue
-      plans.append(_Predicted(name, profiles, batch_size, bounds, m,
-                              recompute, budget, transfer))
+      for layout in layouts:
+        if (k * layout.num_virtual_stages > len(profiles) or
+            not layout.HasTable(k, m)):
+          continue
+        try:
+          bounds = budget_split.Split(profiles, k, m, recompute, budget,
+                                      layout)
+        except partitioner.NoFeasibleSplit:
+          need = budget_split.LeastPeak(profiles, k, m, recompute, layout)
+          smallest = min(smallest or (math.inf,), (need, k, m, layout),
+                         key=lambda x: x[:3])
+          continue
+        plan = _Predicted(name, profiles, batch_size, bounds, m, recompute,
+                          budget, transfer, layout)
+        if _OverBudget(plan):
+          smallest = min(smallest or (math.inf,),
+                         (plan.peak_bytes, k, m, layout),
+                         key=lambda x: x[:3])
+          continue
+        plans.append(plan)
+  return plans, smallest
+
+
+def Suggest(name: str, profiles_by_m: Dict[int, List[Profile]],
+            batch_size: int, ks: Sequence[int], recompute: str = 'always',
+            budget: Optional[int] = None,
+            transfer: Optional[transfer_profile.TransferCost] = None,
+            layouts: Sequence[Layout] = (Layout(),)) -> PlanResult:
+  """The fastest predicted (K, M, schedule) that fits (module docstring)."""
+  plans, smallest = _Candidates(name, profiles_by_m, batch_size, ks,
+                                recompute, budget, transfer, layouts)
   if not plans:
-    need, k, m = smallest
+    need, k, m, layout = smallest
+    if len(ks) == 1 and len(profiles_by_m) == 1 and len(layouts) == 1:
+      raise ValueError(_TooSmall(profiles_by_m[m], k, m, recompute, budget,
+                                 layout))
     raise ValueError(
         f'memory_budget={Bytes(budget)} fits no K in {list(ks)} and M in '
         f'{sorted(profiles_by_m)}; the least any needs is {Bytes(need)} '
-        f'per device (K={k} M={m}): raise --memory_budget or add devices.')
+        f'per device (K={k} M={m} {layout}): raise --memory_budget or add '
+        'devices.')
   best = min(p.step_s for p in plans)
-  chosen = min((p for p in plans if p.step_s <= best * _NEAR_BEST),
-               key=lambda p: (p.num_partitions, p.num_micro_batches))
-  runner_up = sorted((p for p in plans if p is not chosen),
+  near = [p for p in plans if p.step_s <= best * _NEAR_BEST]
+  chosen = min(near, key=lambda p: (p.num_devices, p.num_micro_batches,
+                                    p.peak_bytes))
+  if len(ks) > 1 or len(profiles_by_m) > 1:
+    chosen.why = _WhyShape(chosen, plans, budget)
+  if len(layouts) > 1:
+    chosen.why_schedule = _WhySchedule(chosen, plans, layouts)
+  return chosen
+
+
+def _WhyShape(chosen: PlanResult, plans: List[PlanResult],
+              budget: Optional[int]) -> str:
+  """One line: why this K and M."""
+  shapes = {(p.num_devices, p.num_micro_batches) for p in plans}
+  runner_up = sorted((p for p in plans if
+                      (p.num_devices, p.num_micro_batches) !=
+                      (chosen.num_devices, chosen.num_micro_batches)),
                      key=lambda p: p.step_s)[:1]
   fits = f' that fits {Bytes(budget)} per device' if budget else ''
-  other = ''.join(f'; next K={p.num_partitions} M={p.num_micro_batches} '
-                  f'{p.step_s:.3f} s' for p in runner_up)
-  chosen.why = (f'K={chosen.num_partitions} M={chosen.num_micro_batches}: '
-                f'the fastest step{fits} by its layers\' sums '
-                f'({chosen.step_s:.3f} s, '
-                f'{len(plans)} (K, M) fit; fewest devices and micro-batches '
-                f'within 2%){other}.')
-  return chosen
+  other = ''.join(f'; next K={p.num_devices} M={p.num_micro_batches} '
+                  f'{p.layout} {p.step_s:.3f} s' for p in runner_up)
+  return (f'K={chosen.num_devices} M={chosen.num_micro_batches}: '
+          f'the fastest step{fits} by its layers\' sums '
+          f'({chosen.step_s:.3f} s, {len(shapes)} (K, M) fit; fewest '
+          f'devices, then micro-batches, then memory within 2%){other}.')
+
+
+def _WhySchedule(chosen: PlanResult, plans: List[PlanResult],
+                 layouts: Sequence[Layout]) -> str:
+  """One line: why this schedule, against the others at the same K, M."""
+  same = {p.layout: p for p in plans
+          if (p.num_devices, p.num_micro_batches) ==
+          (chosen.num_devices, chosen.num_micro_batches)}
+  k, n = chosen.num_devices, len(chosen.profiles)
+  reasons = []
+  for layout in layouts:
+    other = same.get(layout)
+    if layout == chosen.layout:
+      continue
+    if not layout.HasTable(k, chosen.num_micro_batches):
+      reasons.append(f'{layout} has no table for K={k} '
+                     f'M={chosen.num_micro_batches}')
+    elif other is None and k * layout.num_virtual_stages > n:
+      reasons.append(f'{layout} needs more stages than the {n} layers')
+    elif other is None:
+      reasons.append(f'{layout} does not fit the budget there')
+    elif other.step_s > chosen.step_s * _NEAR_BEST:
+      reasons.append(f'{other.step_s / chosen.step_s - 1:.1%} faster than '
+                     f'{layout} ({chosen.step_s:.3f} against '
+                     f'{other.step_s:.3f} s)')
+    else:
+      less = other.peak_bytes - chosen.peak_bytes
+      held = (f'{Bytes(less)} less than its {Bytes(other.peak_bytes)}'
+              if less else 'the same')
+      reasons.append(
+          f'as fast as {layout} within 2% ({chosen.step_s:.3f} against '
+          f'{other.step_s:.3f} s), holding {Bytes(chosen.peak_bytes)} per '
+          f'device, {held}')
+  return (f'{chosen.layout} at K={chosen.num_devices} '
+          f'M={chosen.num_micro_batches}: ' + '; '.join(reasons) + '.')
 
 
 # ---- measuring and the command line ---------------------------------------
@@ -425,29 +549,33 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
               num_partitions: int = 0, num_micro_batches: int = 0,
               budget: Optional[int] = None, num_devices: int = 0,
               recompute: str = '', num_runs: int = 5,
-              cores: Optional[Sequence[int]] = None) -> PlanResult:
-  """Measures and plans `pipe`; 0 for K or M suggests it; `cores` as
-  Refine's."""
+              cores: Optional[Sequence[int]] = None,
+              schedule_name: str = '', num_virtual_stages: int = 1
+              ) -> PlanResult:
+  """Measures and plans `pipe`; 0 for K or M, '' for the schedule
+  suggests it; `cores` as Refine's."""
   recompute = recompute or pipe.recompute
-  n = len(pipe.layers)
-  if num_partitions > n:
+  n, v = len(pipe.layers), num_virtual_stages
+  if num_partitions * v > n:
     raise ValueError(
-        f'num_partitions={num_partitions} but {pipe.name} has {n} layers; '
-        f'use between 1 and {n}.')
+        f'num_partitions={num_partitions} x num_virtual_stages={v} but '
+        f'{pipe.name} has {n} layers; use between 1 and {n // v}.')
   ms = ([num_micro_batches] if num_micro_batches else
         [m for m in Divisors(pipe.batch_size) if m <= 64])
   profiles = {m: ProfileAt(pipe, m, num_runs, recompute) for m in ms}
   num_devices = num_devices or (len(cores) if cores else
                                 devices_lib.NumCores())
   ks = [num_partitions] if num_partitions else list(
-      range(1, min(num_devices, n) + 1))
+      range(1, min(num_devices, n // v) + 1))
   transfer = MeasureTransfer(max(ks), cores)
-  if num_partitions and num_micro_batches:
+  layouts = Layouts(schedule_name, v)
+  if num_partitions and num_micro_batches and len(layouts) == 1:
     result = Evaluate(pipe.name, profiles[ms[0]], pipe.batch_size,
-                      num_partitions, ms[0], recompute, budget, transfer)
+                      num_partitions, ms[0], recompute, budget, transfer,
+                      layouts[0])
   else:
     result = Suggest(pipe.name, profiles, pipe.batch_size, ks, recompute,
-                     budget, transfer)
+                     budget, transfer, layouts)
   m = result.num_micro_batches
   with tf.device(devices_lib.DefaultDevices()[0]):
     return Refine(result, pipe.layers, pipe.InputShapes(pipe.batch_size // m),
@@ -463,7 +591,8 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
                       help='Registered model, e.g. '
                       'image.synthetic.AmoebaNetTinyGPipe.')
   parser.add_argument('--num_partitions', type=int, default=0,
-                      help='K; 0 suggests it.')
+                      help='K, the devices (K x V partitions); 0 suggests '
+                      'it.')
   parser.add_argument('--num_micro_batches', type=int, default=0,
                       help='M; 0 suggests it.')
   parser.add_argument('--memory_budget', default='',
@@ -473,6 +602,13 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--recompute', default='',
                       choices=['', 'always', 'except_last', 'never'],
                       help="Recompute mode; empty: the model's.")
+  parser.add_argument('--schedule', default='',
+                      choices=[''] + list(step_model.SCHEDULES),
+                      help='The table the pipeline runs; empty: the '
+                      'fastest that fits, ties to the one holding less.')
+  parser.add_argument('--num_virtual_stages', type=int, default=1,
+                      help='V, stages per device (interleaved_1f1b, or '
+                      'gpipe); the split has K x V partitions.')
   parser.add_argument('--num_timing_runs', type=int, default=5)
   parser.add_argument('--cores', default='',
                       help='For worker processes pinned to this host\'s '
@@ -492,6 +628,7 @@ def Main(argv: Sequence[str]) -> str:
       raise ValueError(f'--{flag}={getattr(args, flag)}; use 0 (suggest) '
                        'or more.')
   budget = ParseBytes(args.memory_budget)
+  _CheckSchedule(args.schedule, args.num_virtual_stages)
   cores = _Cores(args.cores)
   if cores and args.num_partitions > len(cores):
     raise ValueError(
@@ -500,7 +637,20 @@ def Main(argv: Sequence[str]) -> str:
   pipe = model_pipeline.FromRegistry(args.model, args.model_params_override)
   return str(PlanModel(pipe, args.num_partitions, args.num_micro_batches,
                        budget, args.num_devices, args.recompute,
-                       args.num_timing_runs, cores))
+                       args.num_timing_runs, cores, args.schedule,
+                       args.num_virtual_stages))
+
+
+def _CheckSchedule(name: str, v: int) -> None:
+  if v < 1:
+    raise ValueError(f'--num_virtual_stages={v}; use 1 or more.')
+  if name == 'interleaved_1f1b' and v < 2:
+    raise ValueError('--schedule=interleaved_1f1b runs V >= 2 stages per '
+                     'device; give --num_virtual_stages=2 or more.')
+  if name == '1f1b' and v > 1:
+    raise ValueError(f'--schedule=1f1b runs one stage per device, got '
+                     f'--num_virtual_stages={v}; use '
+                     '--schedule=interleaved_1f1b.')
 
 
 def _Cores(text: str) -> Optional[List[int]]:

@@ -2,7 +2,8 @@
 suggestion, its errors, and one run of the command line.
 
 The split is checked against a brute-force enumeration of every contiguous
-split; the step time against hand-computed GPipe schedules.
+split, per schedule; the step time against hand-computed simulations of
+each schedule's table; what a stage holds against the table's counts.
 """
 
 import dataclasses
@@ -23,6 +24,9 @@ devices.SplitCpu(4)
 
 from lingvo_pipe.core import hyperparams  # noqa: E402
 from lingvo_pipe.core import model_registry  # noqa: E402
+from lingvo_pipe.core import partitioner  # noqa: E402
+from lingvo_pipe.core import schedule  # noqa: E402
+from lingvo_pipe.tools import budget_split  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 from lingvo_pipe.tools import model_pipeline  # noqa: E402
 from lingvo_pipe.tools import plan  # noqa: E402
@@ -47,54 +51,95 @@ def _RandomProfiles(rng, n):
                    rng.randint(1, 4), rng.randint(0, 6)) for i in range(n)]
 
 
-def _Peaks(profiles, bounds, m, recompute):
-  return [p.peak_bytes
-          for p in step_model.Predict(profiles, bounds, m, recompute)]
+def _Peaks(profiles, bounds, m, recompute, layout=plan.Layout()):
+  return [p.peak_bytes for p in step_model.Predict(
+      profiles, bounds, m, recompute, layout.schedule_name,
+      layout.num_virtual_stages)]
 
 
 def _MaxCost(profiles, bounds, recompute):
-  costs = plan._LayerCosts(profiles, recompute)  # pylint: disable=protected-access
+  costs = budget_split.LayerCosts(profiles, recompute)
   return max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+
+def _SplitOrNone(fn, *args):
+  try:
+    return fn(*args)
+  except partitioner.NoFeasibleSplit:
+    return None
 
 
 class SplitTest(parameterized.TestCase):
 
-  @parameterized.parameters('always', 'never', 'except_last')
-  def testOptimalAmongFeasibleSplits(self, recompute):
+  @parameterized.product(recompute=('always', 'never', 'except_last'),
+                         layout=(plan.Layout(), plan.Layout('1f1b'),
+                                 plan.Layout('interleaved_1f1b', 2)))
+  def testOptimalAmongFeasibleSplits(self, recompute, layout):
     rng = random.Random(7)
+    v = layout.num_virtual_stages
     for _ in range(40):
       n, k, m = rng.randint(2, 7), rng.randint(1, 4), rng.choice([1, 2, 4])
-      k = min(k, n)
+      k = min(k, n // v)
+      if not k or not layout.HasTable(k, m):
+        continue
       profiles = _RandomProfiles(rng, n)
       splits = [[0, *cuts, n]
-                for cuts in itertools.combinations(range(1, n), k - 1)]
-      peaks = sorted(max(_Peaks(profiles, s, m, recompute)) for s in splits)
+                for cuts in itertools.combinations(range(1, n), k * v - 1)]
+      peaks = sorted(max(_Peaks(profiles, s, m, recompute, layout))
+                     for s in splits)
       budget = peaks[rng.randrange(len(peaks))]
       feasible = [s for s in splits
-                  if max(_Peaks(profiles, s, m, recompute)) <= budget]
+                  if max(_Peaks(profiles, s, m, recompute, layout)) <= budget]
       best = min(_MaxCost(profiles, s, recompute) for s in feasible)
-      got = plan.Split(profiles, k, m, recompute, budget)
-      self.assertLessEqual(max(_Peaks(profiles, got, m, recompute)), budget)
+      got = budget_split.Split(profiles, k, m, recompute, budget, layout)
+      self.assertLessEqual(
+          max(_Peaks(profiles, got, m, recompute, layout)), budget)
       self.assertEqual(_MaxCost(profiles, got, recompute), best)
-      self.assertEqual(plan.LeastPeak(profiles, k, m, recompute), peaks[0])
+      self.assertEqual(
+          budget_split.LeastPeak(profiles, k, m, recompute, layout),
+          peaks[0])
+
+  def testSameSplitAsThePartitioner(self):
+    # Where a stage's memory does not depend on its index (GPipe, V=1),
+    # MinMaxSplit is partitioner.MinMaxPartition, ties included.
+    rng = random.Random(3)
+    for _ in range(100):
+      n = rng.randint(1, 9)
+      costs = [rng.randint(0, 4) for _ in range(n)]
+      k = rng.randint(1, n)
+      limit = rng.randint(1, 4)  # at most `limit` layers a part
+
+      def Fits(s, e, limit=limit):
+        return e - s <= limit
+
+      self.assertEqual(
+          _SplitOrNone(budget_split.MinMaxSplit, costs, k,
+                       lambda _, s, e: Fits(s, e)),
+          _SplitOrNone(partitioner.MinMaxPartition, costs, k, Fits))
 
   def testBudgetMovesTheSplit(self):
     # Four equal layers in time; layer 0 keeps 40 MiB for its backward.
     profiles = [_Profile(0, 1 / 8, 1 / 8, 1, 0, residual=40)] + [
         _Profile(i, 1 / 8, 1 / 8, 1, 0, residual=1) for i in (1, 2, 3)]
-    self.assertEqual(plan.Split(profiles, 2, 1), [0, 2, 4])
+    self.assertEqual(budget_split.Split(profiles, 2, 1), [0, 2, 4])
     # Peaks, M=1 'always', no parameters, no measured working sets: input
-    # + W (step_model), + 2 x output on the last partition. W: the most,
-    # over its layers j, of the earlier layers' residuals and inner inputs
-    # read + j's input read + j's residuals + j's output gradient (none
-    # for the last layer of the last partition).
+    # + W (step_model), + the output gradient on the last partition. W:
+    # the most, over its layers j, of the earlier layers' residuals and
+    # inner inputs read + j's input read + j's residuals + j's output
+    # gradient (none for the last layer of the last partition).
     #   [0, 2): 1 + max(40 + 1, 40 + 1 + 1 + 1) = 44 MiB
     #   [0, 1): 1 + (40 + 1) = 42
-    #   [2, 4): 1 + max(1 + 1, 1 + 1 + 1) + 2 = 6
-    #   [1, 4): 1 + max(2, 1 + 1 + 1 + 1, 3 + 1 + 1) + 2 = 8
-    self.assertEqual(plan.Split(profiles, 2, 1, budget=44 * MIB), [0, 2, 4])
-    self.assertEqual(plan.Split(profiles, 2, 1, budget=43 * MIB), [0, 1, 4])
-    self.assertEqual(plan.LeastPeak(profiles, 2, 1), 42 * MIB)
+    #   [2, 4): 1 + max(1 + 1, 1 + 1 + 1) + 1 = 5
+    #   [1, 4): 1 + max(2, 1 + 1 + 1 + 1, 3 + 1 + 1) + 1 = 7
+    self.assertEqual(_Peaks(profiles, [0, 2, 4], 1, 'always'),
+                     [44 * MIB, 5 * MIB])
+    self.assertEqual(_Peaks(profiles, [0, 1, 4], 1, 'always'),
+                     [42 * MIB, 7 * MIB])
+    self.assertEqual(budget_split.Split(profiles, 2, 1, budget=44 * MIB),
+                     [0, 2, 4])
+    self.assertEqual(budget_split.Split(profiles, 2, 1, budget=43 * MIB),
+                     [0, 1, 4])
+    self.assertEqual(budget_split.LeastPeak(profiles, 2, 1), 42 * MIB)
 
   def testMeasuredWorkingSetsAndGradients(self):
     # Two layers, 1 MiB in and out, residuals 3 and 5 MiB, parameters 2 and
@@ -132,13 +177,15 @@ class SplitTest(parameterized.TestCase):
                      (0, (1 + 40) * MIB))
 
 
-class StepTimeTest(absltest.TestCase):
+class StepTimeTest(parameterized.TestCase):
 
   def testOneDevice(self):
     self.assertEqual(step_model.StepSeconds([0.5], [1.25], 4), 7.0)
+    self.assertEqual(
+        step_model.StepSeconds([0.5], [1.25], 4, schedule_name='1f1b'), 7.0)
 
   def testTwoDevicesTwoMicroBatches(self):
-    # The module docstring's table.
+    # The module docstring's tables.
     times = step_model.TaskTimes([1, 2], [3, 4], 2)
     self.assertEqual(times, {
         ('F', 0, 0): (0, 1), ('F', 0, 1): (1, 2),
@@ -146,14 +193,80 @@ class StepTimeTest(absltest.TestCase):
         ('B', 1, 1): (5, 9), ('B', 1, 0): (9, 13),
         ('B', 0, 1): (9, 12), ('B', 0, 0): (13, 16)})
     self.assertEqual(step_model.StepSeconds([1, 2], [3, 4], 2), 16)
+    times = step_model.TaskTimes([1, 2], [3, 4], 2, schedule_name='1f1b')
+    self.assertEqual(times, {
+        ('F', 0, 0): (0, 1), ('F', 0, 1): (1, 2),
+        ('F', 1, 0): (1, 3), ('B', 1, 0): (3, 7),
+        ('F', 1, 1): (7, 9), ('B', 1, 1): (9, 13),
+        ('B', 0, 0): (7, 10), ('B', 0, 1): (13, 16)})
+
+  # K=2 M=4, F = (1, 2), B = (3, 4), by hand: each action at the later of
+  # its device's previous end and the ends of what it reads (B(1, m) reads
+  # F(1, m) only: its loss is made as that forward ends).
+  #   gpipe  dev 0: F0-F3 0-4; B3 13-16 B2 17-20 B1 21-24 B0 25-28
+  #          dev 1: F0 1-3 F1 3-5 F2 5-7 F3 7-9 B3 9-13 B2 13-17 B1 17-21
+  #                 B0 21-25
+  #   1f1b   dev 0: F0 0-1 F1 1-2 B0 7-10 F2 10-11 B1 13-16 F3 16-17
+  #                 B2 19-22 B3 25-28
+  #          dev 1: F0 1-3 B0 3-7 F1 7-9 B1 9-13 F2 13-15 B2 15-19
+  #                 F3 19-21 B3 21-25
+  @parameterized.parameters(
+      ('gpipe', {('F', 0, 0): (0, 1), ('F', 0, 1): (1, 2),
+                 ('F', 0, 2): (2, 3), ('F', 0, 3): (3, 4),
+                 ('B', 0, 3): (13, 16), ('B', 0, 2): (17, 20),
+                 ('B', 0, 1): (21, 24), ('B', 0, 0): (25, 28),
+                 ('F', 1, 0): (1, 3), ('F', 1, 1): (3, 5),
+                 ('F', 1, 2): (5, 7), ('F', 1, 3): (7, 9),
+                 ('B', 1, 3): (9, 13), ('B', 1, 2): (13, 17),
+                 ('B', 1, 1): (17, 21), ('B', 1, 0): (21, 25)}),
+      ('1f1b', {('F', 0, 0): (0, 1), ('F', 0, 1): (1, 2),
+                ('B', 0, 0): (7, 10), ('F', 0, 2): (10, 11),
+                ('B', 0, 1): (13, 16), ('F', 0, 3): (16, 17),
+                ('B', 0, 2): (19, 22), ('B', 0, 3): (25, 28),
+                ('F', 1, 0): (1, 3), ('B', 1, 0): (3, 7),
+                ('F', 1, 1): (7, 9), ('B', 1, 1): (9, 13),
+                ('F', 1, 2): (13, 15), ('B', 1, 2): (15, 19),
+                ('F', 1, 3): (19, 21), ('B', 1, 3): (21, 25)}))
+  def testEachScheduleByHand(self, name, expected):
+    times = step_model.TaskTimes([1, 2], [3, 4], 4, schedule_name=name)
+    self.assertEqual(times, expected)
+    self.assertEqual(
+        step_model.StepSeconds([1, 2], [3, 4], 4, schedule_name=name), 28)
+    # Device 0 works 4 x (1 + 3), device 1 4 x (2 + 4) of 2 x 28.
+    self.assertAlmostEqual(
+        step_model.IdleFraction([1, 2], [3, 4], 4, schedule_name=name),
+        1 - (16 + 24) / 56, places=12)
+
+  def testInterleavedByHand(self):
+    # K=2 V=2 M=2, unit forwards, backwards 2: stages 0, 2 on device 0.
+    #   dev 0: F0.0 0-1 F0.1 1-2 F2.0 2-3 F2.1 3-4 B2.0 6-8 B2.1 9-11
+    #          B0.0 11-13 B0.1 13-15
+    #   dev 1: F1.0 1-2 F1.1 2-3 F3.0 3-4 B3.0 4-6 F3.1 6-7 B3.1 7-9
+    #          B1.0 9-11 B1.1 11-13
+    times = step_model.TaskTimes([1] * 4, [2] * 4, 2,
+                                 schedule_name='interleaved_1f1b',
+                                 num_virtual_stages=2)
+    self.assertEqual(times, {
+        ('F', 0, 0): (0, 1), ('F', 0, 1): (1, 2), ('F', 2, 0): (2, 3),
+        ('F', 2, 1): (3, 4), ('B', 2, 0): (6, 8), ('B', 2, 1): (9, 11),
+        ('B', 0, 0): (11, 13), ('B', 0, 1): (13, 15),
+        ('F', 1, 0): (1, 2), ('F', 1, 1): (2, 3), ('F', 3, 0): (3, 4),
+        ('B', 3, 0): (4, 6), ('F', 3, 1): (6, 7), ('B', 3, 1): (7, 9),
+        ('B', 1, 0): (9, 11), ('B', 1, 1): (11, 13)})
+    with self.assertRaisesRegex(ValueError, r'^num_virtual_stages=2 must '
+                                r'divide the 3 stages'):
+      step_model.StepSeconds([1] * 3, [2] * 3, 2, num_virtual_stages=2)
 
   def testFillAndDrain(self):
-    # Equal stages: (M + K - 1) ticks each way.
-    self.assertEqual(step_model.StepSeconds([1] * 3, [2] * 3, 4),
-                     (4 + 3 - 1) * (1 + 2))
-    # Idle share of equal stages is GPipe's bubble (K-1)/(M+K-1).
-    self.assertAlmostEqual(step_model.IdleFraction([1] * 3, [2] * 3, 4),
-                           2 / 6, places=12)
+    # Equal stages: (M + K - 1) ticks each way, GPipe and 1F1B alike.
+    for name in ('gpipe', '1f1b'):
+      self.assertEqual(
+          step_model.StepSeconds([1] * 3, [2] * 3, 4, schedule_name=name),
+          (4 + 3 - 1) * (1 + 2))
+      # Idle share of equal stages is (K-1)/(M+K-1).
+      self.assertAlmostEqual(
+          step_model.IdleFraction([1] * 3, [2] * 3, 4, schedule_name=name),
+          2 / 6, places=12)
 
   def testOverheadPerTask(self):
     self.assertEqual(step_model.StepSeconds([1], [2], 2, overhead_s=0.5),
@@ -180,6 +293,72 @@ class StepTimeTest(absltest.TestCase):
   def testOneHopPerBoundary(self):
     with self.assertRaisesRegex(ValueError, 'give one per boundary, 1'):
       step_model.StepSeconds([1, 2], [3, 4], 2, hop_s=[0.5, 0.5])
+
+
+def _Flat(n, residual=3):
+  """n one-layer stages: 1 MiB in and out, `residual` MiB kept, no
+  parameters: in = out = 1, R = 3 (kept), W = 4 (3 on the last stage,
+  whose output gradient is among its micro-batches in flight)."""
+  return [_Profile(i, 1, 1, 1, 0, residual=residual) for i in range(n)]
+
+
+class HoldingTest(parameterized.TestCase):
+
+  def testOneFOneBCountsFromItsTable(self):
+    table = schedule.Make('1f1b', 2, 4)
+    # Stage 0's inputs are slices of the batch, all 4 through the step;
+    # at most 2 in flight. Stage 1 holds one micro-batch in flight, and
+    # during each backward the next input too: it arrives while that
+    # backward runs.
+    self.assertEqual(step_model.Holding(table), [
+        [{0: c} for c in [(4, 1), (4, 2), (4, 2), (4, 2), (4, 2), (4, 2),
+                          (4, 2), (4, 1)]],
+        [{1: c} for c in [(1, 1), (2, 1), (1, 1), (2, 1), (1, 1), (2, 1),
+                          (1, 1), (1, 1)]]])
+
+  @parameterized.parameters(('gpipe', 1), ('1f1b', 1),
+                            ('interleaved_1f1b', 2), ('gpipe', 2))
+  def testInFlightIsTheTables(self, name, v):
+    for k, m in ((1, 1), (2, 2), (2, 4), (3, 6), (4, 8), (4, 2)):
+      if name == 'interleaved_1f1b' and m % k:
+        continue
+      table = schedule.Make(name, k, m, v)
+      states = step_model.StageStates(table)
+      self.assertEqual(
+          tuple(max(f for _, f, _ in x) for x in states),
+          schedule.InFlight(table)[0], (k, m))
+
+  @parameterized.parameters(
+      # recompute 'never': each micro-batch in flight keeps R = 3 MiB,
+      # + its output gradient (1 MiB) on the last stage; its input besides.
+      #   gpipe: M = 8 inputs, 8 in flight: 8 + 8 x 3 + (W - R = 1)
+      #          = 33; last 8 + 8 x (3 + 1) + 0 = 40
+      #   1f1b: stage k holds K - k in flight and, k > 0, one input more;
+      #          stage 0 the batch's 8 inputs (slices of it):
+      #          8 + 4 x 3 + 1, 4 + 3 x 3 + 1, 3 + 2 x 3 + 1, 2 + 1 x 4
+      ('never', 'gpipe', [33, 33, 33, 40]), ('never', '1f1b', [21, 14, 10, 6]),
+      # 'always': the inputs, the backward's W = 4 (3 on the last), and
+      # the last stage's output gradients.
+      ('always', 'gpipe', [12, 12, 12, 19]),
+      ('always', '1f1b', [12, 8, 7, 6]))
+  def testStageKHoldsWhatTheTableSays(self, recompute, name, mib):
+    parts = step_model.Predict(_Flat(4), [0, 1, 2, 3, 4], 8, recompute, name)
+    self.assertEqual([p.kept_bytes for p in parts], [x * MIB for x in mib])
+    self.assertEqual([p.step_bytes for p in parts], [x * MIB for x in mib])
+
+  def testADeviceHoldsItsStagesAtOnce(self):
+    # K=1, V=2, GPipe, M=2, 'always'. Device 0 runs
+    #   F0.0 F0.1 F1.0 F1.1 B1.1 B1.0 B0.1 B0.0
+    # and holds (stage 0: the batch's 2 inputs + W 4 in its backwards;
+    # stage 1: inputs x 1 + in flight x 1 (output gradients) + W 3 in its
+    # own)
+    #   2, 2 + 1, 2 + 2 + 1, 2 + 2 + 2, 2 + (2 + 2 + 3), 2 + (1 + 1 + 3),
+    #   2 + 4, 2 + 4: at most 9 MiB, less than its stages' own peaks
+    #   (6 and 7 MiB) added up.
+    parts = step_model.Predict(_Flat(2), [0, 1, 2], 2, 'always', 'gpipe', 2)
+    self.assertEqual([p.kept_bytes for p in parts], [6 * MIB, 7 * MIB])
+    dev, = step_model.PredictDevices(parts, schedule.Make('gpipe', 1, 2, 2))
+    self.assertEqual((dev.stages, dev.kept_bytes), ((0, 1), 9 * MIB))
 
 
 class TransferTest(absltest.TestCase):
@@ -257,7 +436,7 @@ class SuggestTest(absltest.TestCase):
     free = plan.Suggest('toy', by_m, 8, [1, 2])
     self.assertEqual((free.num_partitions, free.num_micro_batches), (2, 4))
     self.assertIn("the fastest step by its layers' sums", free.why)
-    tight_budget = plan.LeastPeak(by_m[4], 2, 4) - 1
+    tight_budget = budget_split.LeastPeak(by_m[4], 2, 4) - 1
     tight = plan.Suggest('toy', by_m, 8, [1, 2, 3, 4], budget=tight_budget)
     self.assertGreater(tight.num_partitions, 2)
     for part in tight.partitions:
@@ -267,6 +446,74 @@ class SuggestTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r'^memory_budget=1\.00 KiB fits '
                                 r'no K .* raise --memory_budget[^\n]*$'):
       plan.Suggest('toy', self._ByM(), 8, [1, 2], budget=1024)
+
+
+  def testPicksOneFOneBWhenGPipeDoesNotFitAndTimesTie(self):
+    # Equal stages: GPipe's and 1F1B's steps are the same (the same
+    # bubble); 1F1B's stage 0 holds K = 2 micro-batches, GPipe's all 4.
+    by_m = {4: self._ByM()[4]}
+    both = [plan.Layout('gpipe'), plan.Layout('1f1b')]
+    plans = {layout.schedule_name: plan.Evaluate('toy', by_m[4], 8, 2, 4,
+                                                  layout=layout)
+             for layout in both}
+    self.assertEqual(plans['gpipe'].step_s, plans['1f1b'].step_s)
+    self.assertLess(plans['1f1b'].peak_bytes, plans['gpipe'].peak_bytes)
+    budget = plans['gpipe'].peak_bytes - 1
+    self.assertEqual(budget_split.LeastPeak(by_m[4], 2, 4), budget + 1)
+    chosen = plan.Suggest('toy', by_m, 8, [2], budget=budget, layouts=both)
+    self.assertEqual(chosen.layout, plan.Layout('1f1b'))
+    self.assertEqual(chosen.bounds, plans['1f1b'].bounds)
+    self.assertEqual(chosen.why, '')  # K and M were given
+    self.assertEqual(chosen.why_schedule, '1f1b at K=2 M=4: gpipe does not '
+                     'fit the budget there.')
+    self.assertIn('Schedule: 1f1b at K=2 M=4: gpipe does not fit',
+                  str(chosen))
+    # No budget: a tie in time goes to the one holding less.
+    free = plan.Suggest('toy', by_m, 8, [2], layouts=both)
+    self.assertEqual(free.layout, plan.Layout('1f1b'))
+    self.assertRegex(free.why_schedule, r'^1f1b at K=2 M=4: as fast as '
+                     r'gpipe within 2% \(\S+ against \S+ s\), holding '
+                     r'\S+ MiB per device, \S+ MiB less than its \S+ '
+                     r'MiB\.$')
+    # GPipe alone does not fit at all.
+    with self.assertRaisesRegex(ValueError, r'^memory_budget=\S+ MiB is too '
+                                r'small for K=2 M=4 gpipe: its best split '
+                                r'needs'):
+      plan.Suggest('toy', by_m, 8, [2], budget=budget)
+
+  def testOneFOneBFitsFewerDevices(self):
+    # On one device 1F1B holds one micro-batch where GPipe holds all M:
+    # under this budget only 1F1B runs on one device.
+    by_m = self._ByM()
+    budget = budget_split.LeastPeak(by_m[4], 1, 4, layout=plan.Layout('1f1b'))
+    self.assertLess(budget, min(budget_split.LeastPeak(by_m[m], 1, m)
+                                for m in by_m))
+    both = [plan.Layout('gpipe'), plan.Layout('1f1b')]
+    chosen = plan.Suggest('toy', by_m, 8, [1], budget=budget, layouts=both)
+    self.assertEqual((chosen.num_devices, chosen.num_micro_batches,
+                      chosen.layout.schedule_name), (1, 4, '1f1b'))
+    self.assertIn('K=1 M=4: the fastest step that fits', chosen.why)
+    with self.assertRaisesRegex(ValueError, r'fits no K in \[1\]'):
+      plan.Suggest('toy', by_m, 8, [1], budget=budget)
+
+  def testInterleavedDevicesAddUpTheirStages(self):
+    # K=1, V=2: each stage fits the budget, the device holding both does
+    # not.
+    layout = plan.Layout('interleaved_1f1b', 2)
+    free = plan.Evaluate('toy', _Flat(4), 8, 1, 2, layout=layout)
+    stage_most = max(p.peak_bytes for p in free.partitions)
+    self.assertGreater(free.peak_bytes, stage_most)
+    with self.assertRaisesRegex(
+        ValueError, r'^memory_budget=\S+ MiB is too small for K=1 M=2 '
+        r'interleaved_1f1b V=2: device 0 holds its stages \[0, 1\] at '
+        r'once, \S+ MiB; raise --memory_budget to \S+ MiB or use more '
+        r'devices\.$'):
+      plan.Evaluate('toy', _Flat(4), 8, 1, 2, budget=stage_most,
+                    layout=layout)
+    text = str(free)
+    self.assertIn('K=1 devices x V=2 stages, M=2 micro-batches', text)
+    self.assertRegex(text, r'device 0 \(stages 0, 1\): busy \S+ s of the '
+                     'step, peak')
 
 
 class _NoPipeline:
@@ -308,11 +555,11 @@ class ErrorsTest(absltest.TestCase):
   def testBudgetTooSmall(self):
     profiles = [_Profile(i, 1 / 8, 1 / 8, 1, 0, residual=8)
                 for i in range(4)]
-    need = plan.LeastPeak(profiles, 1, 1)
+    need = budget_split.LeastPeak(profiles, 1, 1)
     with self.assertRaisesRegex(
-        ValueError, r'^memory_budget=\S+ MiB is too small for K=1 M=1: its '
-        r'best split needs \S+ MiB on one device; raise --memory_budget to '
-        r'\S+ MiB or use K=2 partitions\.$'):
+        ValueError, r'^memory_budget=\S+ MiB is too small for K=1 M=1 '
+        r'gpipe: its best split needs \S+ MiB on one device; raise '
+        r'--memory_budget to \S+ MiB or use K=2 partitions\.$'):
       plan.Evaluate('toy', profiles, 8, 1, 1, budget=need - 1)
 
   def testBadCoresText(self):
@@ -325,6 +572,25 @@ class ErrorsTest(absltest.TestCase):
                                 r'partition\.$'):
       plan.Main(['--model=image.synthetic.ResNetTinyGPipe', '--cores=0,1',
                  '--num_partitions=3'])
+
+  def testBadScheduleFlags(self):
+    model = '--model=image.synthetic.ResNetTinyGPipe'
+    with self.assertRaisesRegex(ValueError, r'^--schedule=interleaved_1f1b '
+                                r'runs V >= 2 stages per device; give '
+                                r'--num_virtual_stages=2 or more\.$'):
+      plan.Main([model, '--schedule=interleaved_1f1b'])
+    with self.assertRaisesRegex(ValueError, r'^--schedule=1f1b runs one '
+                                r'stage per device, got '
+                                r'--num_virtual_stages=2; use '
+                                r'--schedule=interleaved_1f1b\.$'):
+      plan.Main([model, '--schedule=1f1b', '--num_virtual_stages=2'])
+    with self.assertRaisesRegex(ValueError, r"^Schedule 'interleaved_1f1b' "
+                                r'needs M a multiple of K: M=3, K=2; use '
+                                r'M = 2 or 4\.$'):
+      plan.Evaluate('toy', _Flat(4), 6, 2, 3,
+                    layout=plan.Layout('interleaved_1f1b', 2))
+    with self.assertRaises(SystemExit):  # argparse's own message
+      plan.Main([model, '--schedule=pipedream'])
 
   def testBadBudgetText(self):
     with self.assertRaisesRegex(ValueError, r"^memory_budget='lots' is not "
@@ -372,10 +638,14 @@ class CommandLineTest(absltest.TestCase):
     pipe = model_pipeline.FromRegistry('image.synthetic.ResNetTinyGPipe')
     report = plan.Main(['--model=image.synthetic.ResNetTinyGPipe',
                         '--num_partitions=2', '--num_micro_batches=4',
-                        '--num_timing_runs=1'])
+                        '--schedule=1f1b', '--num_timing_runs=1'])
     lines = report.splitlines()
     self.assertRegex(lines[0], r"^Plan for 'image.synthetic.ResNetTinyGPipe'"
-                     ': K=2 partitions, M=4 micro-batches of 8 \\(batch 32\\)')
+                     ': K=2 partitions, M=4 micro-batches of 8 \\(batch 32\\), '
+                     'schedule 1f1b, recompute=')
+    # Given, not suggested: no line says why.
+    self.assertNotIn('Schedule:', report)
+    self.assertIn('the 1f1b table run with these costs', report)
     self.assertRegex(report, r'Predicted step: \d+\.\d+ s')
     self.assertIn('Pipeline balance by time: K=2 partitions, M=4', report)
     # Both cells' layers together are the model's layers, in order.
@@ -447,6 +717,8 @@ class CommandLineTest(absltest.TestCase):
         env=env, capture_output=True, text=True, timeout=300)
     self.assertEqual(out.returncode, 0, out.stderr[-2000:])
     self.assertIn('Predicted step:', out.stdout)
+    # No --schedule: GPipe and 1F1B compared at the given K and M.
+    self.assertRegex(out.stdout, r'\nSchedule: (gpipe|1f1b) at K=2 M=4: ')
     self.assertNotIn('traced gradient only', out.stdout)
     if together:
       self.assertIn(f'each partition measured whole, all at once on cores '

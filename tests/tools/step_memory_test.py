@@ -3,13 +3,14 @@
 Two 1024 x 1024 projections (8 MiB of parameters) on 32 rows, K=1: the
 parameters outweigh the activations, so the step's peak is the gradients:
 one copy of the parameters with M=1, two with M > 1, the running sum and
-the new one made in the gradient's buffer (step_model.py). A
-child process (this file with --child; the allocator keeps statistics only
-if told before TensorFlow starts) profiles the layers (one by one, and
-as the one partition the planner's refinement measures), predicts and
-measures.
+the new one made in the gradient's buffer (step_model.py). The step is
+the trainer's: one pass (PipeliningLayer.FPropWithLoss, each
+micro-batch's loss as its forward ends) in the schedule's order, GPipe
+and 1F1B. A child process (this file with --child; the allocator keeps
+statistics only if told before TensorFlow starts) profiles the layers
+(one by one, and as the one partition the planner's refinement
+measures), predicts and measures.
 """
-
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ import tensorflow as tf  # noqa: E402
 from lingvo_pipe.core import devices  # noqa: E402
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
+from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 from lingvo_pipe.tools import step_model  # noqa: E402
 
@@ -38,18 +40,27 @@ def _Layers():
       name=f'proj{i}', input_dim=DIM, output_dim=DIM) for i in range(2)]
 
 
-def _Measured(m: int) -> int:
+def _Head(head_theta, out, batch):
+  """One micro-batch's loss: mean(out ** 2), weighed by its rows."""
+  del head_theta, batch
+  return {'loss': (tf.reduce_mean(tf.square(out)),
+                   tf.constant(out.shape[0], out.dtype))}
+
+
+def _Measured(m: int, schedule_name: str) -> int:
   """The allocator's peak above what it held before, the most of 3 steps."""
   cell = layers.SequentialLayer.Params().Set(name='cell_0', sub=_Layers())
   layer = gpipe.PipeliningLayer.Params().Set(
-      name=f'pipe{m}', cell_tpl=[cell], num_micro_batches=m,
-      recompute='always', devices=['/device:CPU:0']).Instantiate()
+      name=f'pipe{m}_{schedule_name}', cell_tpl=[cell], num_micro_batches=m,
+      recompute='always', devices=['/device:CPU:0'],
+      schedule=schedule_name).Instantiate()
   layer.SetTraining(True)
   variables = layer.vars.Flatten()
 
   def Step(x):
     with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(tf.square(layer.FPropDefaultTheta(x)))
+      loss = layer.FPropWithLoss(layer.theta, x, _Head, NestedMap(),
+                                 NestedMap(), float(BATCH)).loss[0]
     return loss, tape.gradient(loss, variables)
 
   step = tf.function(Step, autograph=False)
@@ -58,19 +69,23 @@ def _Measured(m: int) -> int:
   return layer_profile.PeakBytes(step, (x,), 'CPU:0', num_runs=3)
 
 
-def _Child(ms: str) -> None:
-  """The child: predicted and measured step bytes per M, as JSON."""
+def _Child(cases: str) -> None:
+  """The child: predicted and measured step bytes per 'M:schedule', as
+  JSON."""
   devices.SplitCpu(1)
   out = {}
-  for m in map(int, ms.split(',')):
+  for case in cases.split(','):
+    m, name = int(case.split(':')[0]), case.split(':')[1]
     shape = tf.TensorShape([BATCH // m, DIM])
     profiles = layer_profile.ProfileLayers(_Layers(), shape, num_runs=3)
-    predicted = step_model.Predict(profiles, [0, 2], m)[0].step_bytes
+    predicted = step_model.Predict(profiles, [0, 2], m, 'always',
+                                   name)[0].step_bytes
     # The planner's refinement: the partition measured as one layer.
     whole = layer_profile.ProfilePartitions(_Layers(), [0, 2], shape,
                                             num_runs=3)
-    refined = step_model.Predict(whole, [0, 1], m)[0].step_bytes
-    out[m] = [predicted, refined, _Measured(m)]
+    refined = step_model.Predict(whole, [0, 1], m, 'always',
+                                 name)[0].step_bytes
+    out[case] = [predicted, refined, _Measured(m, name)]
   print(json.dumps(out), flush=True)
 
 
@@ -80,14 +95,15 @@ class StepMemoryTest(absltest.TestCase):
     root = os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
     child = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), '--child', '1,4'],
+        [sys.executable, os.path.abspath(__file__), '--child',
+         '1:gpipe,4:gpipe,4:1f1b'],
         capture_output=True, text=True, timeout=600, cwd=root,
         env=dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL='2'))
     self.assertEqual(0, child.returncode, child.stderr[-3000:])
     out = json.loads(child.stdout.strip().splitlines()[-1])
-    for m, copies in (('1', 1), ('4', 2)):
-      predicted, refined, measured = out[m]
-      msg = (f'M={m}: predicted {predicted / MIB:.2f} MiB (refined '
+    for case, copies in (('1:gpipe', 1), ('4:gpipe', 2), ('4:1f1b', 2)):
+      predicted, refined, measured = out[case]
+      msg = (f'M:schedule={case}: predicted {predicted / MIB:.2f} MiB (refined '
              f'{refined / MIB:.2f}), measured {measured / MIB:.2f} MiB, '
              f'parameters {PARAMS / MIB:.2f} MiB')
       # The gradients' copies of the parameters, plus the activations

@@ -1,0 +1,132 @@
+"""The split of a layer list into pipeline stages under a memory budget.
+
+`Split(profiles, K, M, recompute, budget, layout)` returns the bounds of
+the contiguous split into K x V stages (V = layout.num_virtual_stages)
+that minimises the slowest stage's time per micro-batch (re-computation
+included, `LayerCosts`) among the splits whose every stage fits the
+budget, each stage holding what the layout's table makes it hold
+(step_model.PredictPartition with the stage's StageStates): GPipe's
+stages hold M micro-batches, 1F1B's stage k at most K - k. Exact, by the
+dynamic programming of partitioner.MinMaxPartition, whose constraint is
+told the stage's index (`MinMaxSplit`); checked against brute force in
+tests/tools/plan_test.py. `LeastPeak` is the smallest per-stage budget
+any split fits.
+
+With V > 1 stages per device the budget binds a device, their sum: the
+split bounds each stage, and the planner checks the devices after
+(plan.Evaluate).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, List, Optional, Sequence
+
+from lingvo_pipe.core import partitioner
+from lingvo_pipe.tools import layer_profile
+from lingvo_pipe.tools import step_model
+
+Profile = layer_profile.LayerProfile
+Layout = step_model.Layout
+
+
+def LayerCosts(profiles: Sequence[Profile], recompute: str) -> List[float]:
+  """Time per micro-batch of each layer, re-computation included."""
+  again = recompute != 'never'
+  return [p.forward_s * (2 if again else 1) + p.backward_s
+          for p in profiles]
+
+
+def MinMaxSplit(costs: Sequence[float], num_parts: int,
+                fits: Callable[[int, int, int], bool]) -> List[int]:
+  """partitioner.MinMaxPartition, with `fits(k, s, e)` told the index k of
+  the part costs[s:e]: a stage's memory depends on its place in the
+  table (1F1B's stage k holds K - k micro-batches). The DP over suffixes
+  gives the part starting at s with p parts left the index K - p; same
+  recurrence, same left-to-right tie rule."""
+  n = len(costs)
+  best = [[math.inf] * n + [0]]
+  for p in range(1, num_parts + 1):
+    row = [math.inf] * (n + 1)
+    for s in range(n - p + 1):
+      run = 0
+      for e in range(s + 1, n - p + 2):
+        run += costs[e - 1]
+        if run >= row[s]:
+          break
+        if fits(num_parts - p, s, e):
+          row[s] = min(row[s], max(run, best[p - 1][e]))
+    best.append(row)
+  target = best[num_parts][0]
+  if target == math.inf:
+    raise partitioner.NoFeasibleSplit(
+        f'no split into {num_parts} parts has every part fitting; use more '
+        'parts or relax the constraint.')
+  bounds = [0]
+  for p in range(num_parts, 0, -1):
+    s, run = bounds[-1], 0
+    for e in range(s + 1, n - p + 2):
+      run += costs[e - 1]
+      if (run <= target and best[p - 1][e] <= target and
+          fits(num_parts - p, s, e)):
+        bounds.append(e)
+        break
+  return bounds
+
+
+def _StagePeaks(profiles: Sequence[Profile], num_partitions: int, m: int,
+                recompute: str, layout: Layout
+                ) -> Callable[[int, int, int], int]:
+  """peak(k, s, e): stage k holding layers s..e-1, in the layout's table
+  for K = num_partitions devices."""
+  s_total = num_partitions * layout.num_virtual_stages
+  states = step_model.StageStates(layout.Table(num_partitions, m))
+
+  @functools.lru_cache(maxsize=None)
+  def Peak(k: int, s: int, e: int) -> int:
+    return step_model.PredictPartition(
+        profiles[s:e], m, step_model.KeepsActivations(recompute, k, s_total),
+        k == s_total - 1, states[k]).peak_bytes
+
+  return Peak
+
+
+def Split(profiles: Sequence[Profile], num_partitions: int, m: int,
+          recompute: str = 'always', budget: Optional[int] = None,
+          layout: Layout = Layout()) -> List[int]:
+  """Bounds of the min-max time split into K x V stages (K =
+  num_partitions devices) whose stages all fit `budget`, each holding
+  what the layout's table makes it hold.
+
+  Raises partitioner.NoFeasibleSplit if no such split fits.
+  """
+  peak = _StagePeaks(profiles, num_partitions, m, recompute, layout)
+  return _Split(profiles, num_partitions * layout.num_virtual_stages,
+                recompute, budget, peak)
+
+
+def _Split(profiles: Sequence[Profile], num_stages: int, recompute: str,
+           budget: Optional[int], peak: Callable[[int, int, int], int]
+           ) -> List[int]:
+  return MinMaxSplit(
+      LayerCosts(profiles, recompute), num_stages,
+      lambda k, s, e: budget is None or peak(k, s, e) <= budget)
+
+
+def LeastPeak(profiles: Sequence[Profile], num_partitions: int, m: int,
+              recompute: str = 'always', layout: Layout = Layout()) -> int:
+  """The smallest per-stage budget any split into K x V stages fits."""
+  n, s_total = len(profiles), num_partitions * layout.num_virtual_stages
+  peak = _StagePeaks(profiles, num_partitions, m, recompute, layout)
+  peaks = sorted({peak(k, s, e) for k in range(s_total)
+                  for s in range(n) for e in range(s + 1, n + 1)})
+  lo, hi = 0, len(peaks) - 1  # the most any stage can hold always fits
+  while lo < hi:
+    mid = (lo + hi) // 2
+    try:
+      _Split(profiles, s_total, recompute, peaks[mid], peak)
+      hi = mid
+    except partitioner.NoFeasibleSplit:
+      lo = mid + 1
+  return peaks[lo]
