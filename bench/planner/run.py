@@ -1,31 +1,33 @@
 """The planner's predictions against measurement, per configuration.
 
   .venv/bin/python bench/planner/run.py [--models=transformer,amoebanet]
-      [--ks=1,2] [--ms=1,4,8] [--profile_rounds=3] [--rounds=5]
-      [--memory_runs=3] [--parts=memory,time] [--json_out=FILE]
+      [--ks=1,2] [--ms=1,4,8] [--schedules=gpipe,1f1b] [--profile_rounds=3]
+      [--rounds=5] [--memory_runs=3] [--parts=memory,time] [--json_out=FILE]
 
-For each model and (K, M), recompute 'always', batch 32:
+For each model, (K, M) and schedule, recompute 'always', batch 32:
 1. Predicted (a process pinned to core 0 with `taskset`, as each worker
    will be): lingvo_pipe.tools.plan measures every layer once per
    micro-batch size (layer_profile.py) and chooses the split from their
    sums, then measures each partition of that split whole, all at once,
    partition k in a process pinned to core k as its worker will be
    (plan.Refine with cores, layer_profile.ProfilePartitionsTogether),
-   and predicts from those the step time (GPipe critical path, each
-   boundary's hand-off a delay measured once per round between two
-   worker servers on cores 0 and 1: plan.MeasureTransfer) and each
-   partition's step memory (gradients + kept activations: the peak above
-   what stays resident between steps). The table gives the layer sums'
-   prediction too, in brackets.
+   and predicts from those the step time (the schedule's table simulated
+   with those costs, each boundary's hand-off a delay measured once per
+   round between two worker servers on cores 0 and 1:
+   plan.MeasureTransfer) and each partition's step memory (gradients +
+   kept activations, as many micro-batches as the table holds: the peak
+   above what stays resident between steps). The table gives the layer
+   sums' prediction too, in brackets.
 2. Measured: two `tf.distribute.Server` workers pinned to cores 0 and 1
-   (`LocalWorkers`), partition k on task k, built with the predicted split.
-   A step is the trainer's: forward, loss = mean(output ** 2), every
-   gradient and an SGD update of each variable where it lives; only the
-   loss comes back to the client (_StepFn). Step time, on workers with
-   TF's defaults, as a user runs: `rounds` interleaved rotations (every
-   configuration an untimed step, a timed one, then one of the same
-   function with every pipeline task stamped, step_trace.Tracer; starting
-   one further along each rotation:
+   (`LocalWorkers`), partition k on task k, built with the predicted split
+   and the schedule. A step is the trainer's: one pass in the schedule's
+   order, each micro-batch's loss = mean(output ** 2) as its forward ends
+   (FPropWithLoss), every gradient and an SGD update of each variable
+   where it lives; only the loss comes back to the client (_StepFn).
+   Step time, on workers with TF's defaults, as a user runs: `rounds`
+   interleaved rotations (every configuration an untimed step, a timed
+   one, then one of the same function with every pipeline task stamped,
+   step_trace.Tracer; starting one further along each rotation:
    stack.Rotations).
 3. Time is measured in `profile_rounds` rounds; each round after the
    first profiles the first round's splits whole again (as 1), then
@@ -40,7 +42,8 @@ For each model and (K, M), recompute 'always', batch 32:
    prediction; the schedule run with each stamped step's measured task
    times, against that step's span; and the plain step's time against
    the span of the stamped step after it (what a step spends outside its
-   tasks). `--tables_from=RUN.json` prints a run's tables again.
+   tasks). `--tables_from=RUN.json` prints a run's tables again (a run
+   from before the schedule column reads as GPipe).
 4. Step memory per worker (in the first round's split): its allocator's
    peak during a step minus what it held before the step (workers with
    TF_CPU_ALLOCATOR_USE_BFC=true, read by LocalWorkers.ReadServerMemory),
@@ -70,7 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
@@ -85,6 +88,19 @@ import cores  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 
 BATCH = 32
+SCHEDULES = ('gpipe', '1f1b')  # one stage per device, as the workers run
+
+
+def _Label(k: int, m: int, schedule: str) -> str:
+  return f'{k},{m},{schedule}'
+
+
+def _Parse(label: str) -> Tuple[int, int, str]:
+  """'K,M,schedule' -> (K, M, schedule); 'K,M' (a run from before the
+  schedules) is GPipe."""
+  fields = label.split(',')
+  return (int(fields[0]), int(fields[1]),
+          fields[2] if len(fields) > 2 else 'gpipe')
 
 
 def _Model(name: str) -> Any:
@@ -138,18 +154,20 @@ def _Predict(args: argparse.Namespace) -> None:
     profiles = None if fixed else layer_profile.ProfileLayers(
         layer_ps, shapes(BATCH // m), num_runs=args.timing_runs,
         input_gradient=False)
-    for k in args.ks:
+    for k, name in [(k, n) for k in args.ks for n in args.schedules]:
+      label, layout = _Label(k, m, name), plan.Layout(name)
       if fixed:
         summed = plan.PlanResult(
             name=args.model, batch_size=BATCH, num_micro_batches=m,
-            recompute='always', bounds=fixed[f'{k},{m}']['bounds'],
-            profiles=[], partitions=[], step_s=0.0, idle=0.0)
+            recompute='always', bounds=fixed[label]['bounds'],
+            profiles=[], partitions=[], step_s=0.0, idle=0.0, layout=layout)
       else:
-        summed = plan.Evaluate(args.model, profiles, BATCH, k, m)
+        summed = plan.Evaluate(args.model, profiles, BATCH, k, m,
+                               layout=layout)
       res = plan.Refine(summed, layer_ps, shapes(BATCH // m),
                         num_runs=args.timing_runs, cores=list(range(k)),
                         transfer=transfer, input_gradient=False)
-      out[f'{k},{m}'] = {
+      out[label] = {
           'bounds': res.bounds, 'step_s': res.step_s,
           'step_bytes': [p.step_bytes for p in res.partitions],
           'peak_bytes': [p.peak_bytes for p in res.partitions],
@@ -173,13 +191,14 @@ def _StepFn(layer: Any) -> Any:
       layer, lambda inputs: stack_lib.MeanSquareLoss(layer, inputs))
 
 
-def _Build(model: str, bounds: List[int], m: int, devices: List[str]) -> Any:
+def _Build(model: str, bounds: List[int], m: int, devices: List[str],
+           schedule: str) -> Any:
   from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import partitioner  # pylint: disable=g-import-not-at-top
   cells = partitioner.Cells(partitioner.NamedCopies(_Model(model)[0]), bounds)
   layer = gpipe.PipeliningLayer.Params().Set(
       name=model, cell_tpl=cells, num_micro_batches=m, recompute='always',
-      devices=devices[:len(cells)]).Instantiate()
+      devices=devices[:len(cells)], schedule=schedule).Instantiate()
   layer.SetTraining(True)
   return layer
 
@@ -199,23 +218,21 @@ def _StepMemory(fn: Any, inputs: Any, pids: List[int],
   return [max(r) for r in zip(*readings)]
 
 
-def _Replay(trace: Any, m: int) -> Dict[str, Any]:
-  """One traced step: the measured span of its tasks; each partition's
-  mean measured F and B (B with its re-computation); and the step model's
-  schedule (step_model.StepSeconds) run with those, which misses only
-  what the schedule misses beyond the tasks' own times. No hand-offs:
-  a received input arrives inside the stamped task that reads it
-  (AmoebaNet-D K=2 M=1: F1 ran 5-7 ms over its profile, the receive
-  9.5 ms; docs/DESIGN.md section 33)."""
-  from lingvo_pipe.tools import step_model  # pylint: disable=g-import-not-at-top
+def _Replay(trace: Any) -> Dict[str, Any]:
+  """One traced step: the measured span of its tasks; each stage's mean
+  measured F and B (B with its re-computation); and the table that ran
+  (read back from the trace) simulated with those (schedule.Simulate, as
+  step_model runs it), which misses only what the schedule misses beyond
+  the tasks' own times. No hand-offs: a received input arrives inside the
+  stamped task that reads it (AmoebaNet-D K=2 M=1: F1 ran 5-7 ms over its
+  profile, the receive 9.5 ms; docs/DESIGN.md section 33)."""
+  from lingvo_pipe.core import schedule  # pylint: disable=g-import-not-at-top
   layer, = trace.Layers()
-  k = trace.Shape(layer)[0]
-  fb = [[statistics.mean(t.end - t.start for t in trace.tasks
-                         if t.phase == phase and t.partition == i)
-         for i in range(k)] for phase in 'FB']
+  fwd, bwd = trace.MeanSeconds(layer)
   begin, end = trace.Span(layer)
-  return {'span_s': end - begin, 'fb': list(zip(*fb)),
-          'schedule_s': step_model.StepSeconds(fb[0], fb[1], m)}
+  return {'span_s': end - begin, 'fb': list(zip(fwd, bwd)),
+          'schedule_s': schedule.Simulate(trace.Table(layer), fwd,
+                                          bwd).step}
 
 
 def _Measure(args: argparse.Namespace) -> None:
@@ -230,8 +247,8 @@ def _Measure(args: argparse.Namespace) -> None:
   inputs = _Inputs(args.model)
   fns, tracers, out = {}, {}, {}
   for label, pred in predicted.items():
-    k, m = map(int, label.split(','))
-    fn = _StepFn(_Build(args.model, pred['bounds'], m, devices))
+    k, m, name = _Parse(label)
+    fn = _StepFn(_Build(args.model, pred['bounds'], m, devices, name))
     stack_lib.Prepare(fn, inputs, args.warmup)
     fns[label] = fn
     out[label] = {'times': [], 'replays': []}
@@ -251,8 +268,7 @@ def _Measure(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     fns[label](inputs)[0].numpy()
     out[label]['times'].append(time.perf_counter() - start)
-    m = int(label.split(',')[1])
-    replay = _Replay(tracers[label].Run(), m)
+    replay = _Replay(tracers[label].Run())
     # The plain step just before, against this step's tasks: what the step
     # spends outside the pipeline's tasks (its call, inputs, gradients).
     replay['plain_s'] = out[label]['times'][-1]
@@ -268,6 +284,7 @@ def _Child(args: argparse.Namespace, part: str, extra: List[str],
            env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
   command = [sys.executable, os.path.abspath(__file__), f'--part={part}',
              f'--model={args.model}', f'--ks={args.ks}', f'--ms={args.ms}',
+             f'--schedules={args.schedules}',
              f'--rounds={args.rounds}', f'--warmup={args.warmup}',
              f'--timing_runs={args.timing_runs}'] + extra
   if pin:
@@ -320,7 +337,7 @@ def _Range(errors: List[float], digits: int = 0) -> str:
   return f'{min(errors):+.{digits}%} to {max(errors):+.{digits}%}'
 
 
-def _TimeCells(m: int, rounds: List[Dict[str, Any]],
+def _TimeCells(m: int, schedule: str, rounds: List[Dict[str, Any]],
                summed_s: float) -> List[str]:
   """The table's time cells of one configuration (module docstring);
   `summed_s` is the layer sums' prediction, given in brackets.
@@ -339,7 +356,8 @@ def _TimeCells(m: int, rounds: List[Dict[str, Any]],
   prof_fb = [least(parts) for parts in zip(*[r['fb'] for r in rounds])]
   hops = [min(h) for h in zip(*[r['hop_s'] for r in rounds])]
   pred = step_model.StepSeconds([f for f, _ in prof_fb],
-                                [b for _, b in prof_fb], m, hop_s=hops)
+                                [b for _, b in prof_fb], m, hop_s=hops,
+                                schedule_name=schedule)
   meas = min(_Median(r['times']) for r in rounds)
   paired = [(r['step_s'] - _Median(r['times'])) / _Median(r['times'])
             for r in rounds]
@@ -362,8 +380,8 @@ def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
   against the median over fresh worker pairs."""
   mib = 2**20
   lines = [f'### {model}', '',
-           '| K M | split | step predicted, fast state (layer sums) | '
-           'measured, fast state | error (layer sums) | each round '
+           '| K M | schedule | split | step predicted, fast state (layer '
+           'sums) | measured, fast state | error (layer sums) | each round '
            'against its own timing: median (range) | pipeline\'s tasks '
            'through the schedule against the prediction, fastest step | '
            'schedule of the measured '
@@ -371,11 +389,11 @@ def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
            'tasks\' span: median (range) | step memory per '
            'worker predicted (layer sums) | measured, median (range) | '
            'error (layer sums) |',
-           '|---|---|---|---|---|---|---|---|---|---|---|---|']
+           '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   for label, p in pred.items():
-    k, m = label.split(',')
+    k, m, schedule = _Parse(label)
     rounds = meas[label]['rounds']
-    t = (_TimeCells(int(m), rounds, p['summed_step_s']) if rounds
+    t = (_TimeCells(m, schedule, rounds, p['summed_step_s']) if rounds
          else ['n/a'] * 7)
     mem_p, mem_m = p['step_bytes'], meas[label]['step_bytes']
     runs = meas[label]['step_bytes_runs']
@@ -384,7 +402,7 @@ def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
                 for x, w in zip(mem_m, zip(*runs) if runs else mem_m)]
     sum_mem = p['summed_step_bytes']
     lines.append(
-        f'| {k} {m} | {p["bounds"]} | ' + ' | '.join(t) + ' | '
+        f'| {k} {m} | {schedule} | {p["bounds"]} | ' + ' | '.join(t) + ' | '
         + ', '.join(f'{x / mib:.1f} ({y / mib:.1f})'
                     for x, y in zip(mem_p, sum_mem)) + ' MiB | '
         + ', '.join(measured) + ' MiB | '
@@ -398,6 +416,9 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--models', default='transformer,amoebanet')
   parser.add_argument('--ks', default='1,2')
   parser.add_argument('--ms', default='1,4,8')
+  parser.add_argument('--schedules', default=','.join(SCHEDULES),
+                      help='Schedules each (K, M) is predicted and timed '
+                      f'in, of {SCHEDULES}.')
   parser.add_argument('--profile_rounds', type=int, default=3,
                       help='Rounds of (profile the splits whole, time them '
                       'on the workers); each round\'s error is its '
@@ -426,6 +447,10 @@ def _Args() -> argparse.Namespace:
   args = parser.parse_args()
   if args.memory_runs < 1:
     parser.error(f'--memory_runs={args.memory_runs}: give at least 1.')
+  bad = [x for x in args.schedules.split(',') if x not in SCHEDULES]
+  if bad:
+    parser.error(f'--schedules={args.schedules}: {bad} not in {SCHEDULES} '
+                 '(one stage per device); give some of those.')
   if args.profile_rounds < 1 or args.rounds < 1:
     parser.error(f'--profile_rounds={args.profile_rounds} '
                  f'--rounds={args.rounds}: give at least 1 of each.')
@@ -437,6 +462,7 @@ def main() -> None:
   if args.part:
     args.ks = [int(k) for k in args.ks.split(',')]
     args.ms = [int(m) for m in args.ms.split(',')]
+    args.schedules = args.schedules.split(',')
     {'predict': _Predict, 'memory': _Measure, 'time': _Measure}[
         args.part](args)
     return
@@ -467,7 +493,7 @@ def main() -> None:
                      'measured': _MeasureOnWorkers(args, 'time', pred, {})})
       print(f'round {r + 1}/{args.profile_rounds}, predicted against '
             'measured: ' + ', '.join(
-                f'K,M={label} ' + _Error(pred_r[label]['step_s'],
+                f'K,M,schedule={label} ' + _Error(pred_r[label]['step_s'],
                                           statistics.median(meas['times']))
                 for label, meas in rounds[-1]['measured'].items()),
             flush=True)
