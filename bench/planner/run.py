@@ -8,7 +8,8 @@ For each model, (K, M) and schedule, recompute 'always', batch 32:
 1. Predicted (a process pinned to core 0 with `taskset`, as each worker
    will be): lingvo_pipe.tools.plan measures every layer once per
    micro-batch size (layer_profile.py) and chooses the split from their
-   sums, then measures each partition of that split whole, all at once,
+   sums, then measures each partition of that split whole (once for all
+   schedules, which split alike without a budget), all at once,
    partition k in a process pinned to core k as its worker will be
    (plan.Refine with cores, layer_profile.ProfilePartitionsTogether),
    and predicts from those the step time (the schedule's table simulated
@@ -154,6 +155,7 @@ def _Predict(args: argparse.Namespace) -> None:
     profiles = None if fixed else layer_profile.ProfileLayers(
         layer_ps, shapes(BATCH // m), num_runs=args.timing_runs,
         input_gradient=False)
+    refined = {}  # one profile of a split, whatever the schedule
     for k, name in [(k, n) for k in args.ks for n in args.schedules]:
       label, layout = _Label(k, m, name), plan.Layout(name)
       if fixed:
@@ -164,9 +166,13 @@ def _Predict(args: argparse.Namespace) -> None:
       else:
         summed = plan.Evaluate(args.model, profiles, BATCH, k, m,
                                layout=layout)
-      res = plan.Refine(summed, layer_ps, shapes(BATCH // m),
-                        num_runs=args.timing_runs, cores=list(range(k)),
-                        transfer=transfer, input_gradient=False)
+      bounds = tuple(summed.bounds)
+      if bounds in refined:
+        res = plan.InLayout(refined[bounds], layout)
+      else:
+        res = refined[bounds] = plan.Refine(
+            summed, layer_ps, shapes(BATCH // m), num_runs=args.timing_runs,
+            cores=list(range(k)), transfer=transfer, input_gradient=False)
       out[label] = {
           'bounds': res.bounds, 'step_s': res.step_s,
           'step_bytes': [p.step_bytes for p in res.partitions],

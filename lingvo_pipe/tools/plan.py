@@ -378,6 +378,22 @@ def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
       cores=list(cores)[:len(parts)] if together else None, note=note)
 
 
+def InLayout(result: PlanResult, layout: Layout) -> PlanResult:
+  """The same split and measurements predicted in another schedule (the
+  partitions measured whole if `result` was refined, else its layers'
+  sums): one profile, compared across schedules."""
+  parts = result.partition_profiles
+  k_stages = len(result.bounds) - 1
+  predicted = _Predicted(
+      result.name, parts or result.profiles, result.batch_size,
+      list(range(k_stages + 1)) if parts else result.bounds,
+      result.num_micro_batches, result.recompute, result.budget,
+      result.transfer, layout)
+  return dataclasses.replace(
+      predicted, bounds=result.bounds, profiles=result.profiles,
+      partition_profiles=parts, cores=result.cores, note=result.note)
+
+
 def _TooSmall(profiles: Sequence[Profile], k: int, m: int, recompute: str,
               budget: int, layout: Layout = Layout()) -> str:
   """One line: the budget K needs, and the K that fits this budget."""

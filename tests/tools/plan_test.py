@@ -496,6 +496,17 @@ class SuggestTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r'fits no K in \[1\]'):
       plan.Suggest('toy', by_m, 8, [1], budget=budget)
 
+  def testOneProfileInAnotherSchedule(self):
+    profiles = self._ByM()[4]
+    gpipe = plan.Evaluate('toy', profiles, 8, 2, 4)
+    one_f = plan.Evaluate('toy', profiles, 8, 2, 4,
+                          layout=plan.Layout('1f1b'))
+    moved = plan.InLayout(gpipe, plan.Layout('1f1b'))
+    self.assertEqual(moved.bounds, one_f.bounds)
+    self.assertEqual(moved.partitions, one_f.partitions)
+    self.assertEqual((moved.step_s, moved.devices),
+                     (one_f.step_s, one_f.devices))
+
   def testInterleavedDevicesAddUpTheirStages(self):
     # K=1, V=2: each stage fits the budget, the device holding both does
     # not.
