@@ -369,6 +369,12 @@ def _CheckSchedule(where: str, p: Any) -> int:
         f"{where}: schedule 'interleaved_1f1b' needs num_virtual_stages >= "
         "2 (and as many times more cells); use '1f1b' for one stage per "
         'device.')
+  if p.schedule == 'zb_h1' and (v != 1 or p.recompute != 'never'):
+    raise ValueError(
+        f"{where}: schedule 'zb_h1' splits each backward in two halves of "
+        "the kept activations' gradient: it needs recompute='never' and one "
+        f'stage per device, got recompute={p.recompute!r}, '
+        f'num_virtual_stages={v}.')
   if p.schedule == '1f1b' and v != 1:
     raise ValueError(
         f"{where}: schedule '1f1b' runs one stage per device, got "

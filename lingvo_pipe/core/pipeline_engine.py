@@ -10,6 +10,7 @@ action produced:
       F(s, m):  y = stage.Forward(s, m, x[s][m])        x[s+1][m] = y
                 s = S-1 and a loss:  dy[S-1][m] = stage.Loss(m, y)
       B(s, m):  dx = stage.Backward(s, m, dy[s][m])     dy[s-1][m] = dx
+      W(s, m):  stage.Weight(s, m)   (tables that split the backward)
     last[d] = the action's outputs
 
 The engine knows the order and where values go; `StageOps` (the
@@ -48,8 +49,12 @@ class StageOps(Protocol):
 
   def Backward(self, s: int, m: int, dy: Leaves, clock: Optional[tf.Tensor]
                ) -> Tuple[Leaves, Leaves, Optional[tf.Tensor]]:
-    """B(s, m): (d inputs, the stage's running gradient sums, the stamp of
-    the end of re-computation when recording, else None)."""
+    """B(s, m): (d inputs, the stage's running gradient sums (or, in a
+    table with W actions, what W(s, m) will read), the stamp of the end of
+    re-computation when recording, else None)."""
+
+  def Weight(self, s: int, m: int) -> Leaves:
+    """W(s, m): the stage's running gradient sums."""
 
 
 @dataclasses.dataclass
@@ -105,9 +110,11 @@ class Engine:
     self._done += [a for _, a in order]
     for d, a in order:
       s, m = a.stage, a.micro_batch
-      with tf.device(self._devices[d]), tf.name_scope(
-          f'cell_{s}/{"fwd" if a.phase == "F" else "bwd"}_{m}'):
-        if a.phase == 'F':
+      scope = {'F': 'fwd', 'B': 'bwd', 'W': 'wgt'}[a.phase]
+      with tf.device(self._devices[d]), tf.name_scope(f'cell_{s}/{scope}_{m}'):
+        if a.phase == 'W':
+          self._Weight(d, s, m)
+        elif a.phase == 'F':
           y = self._Forward(d, s, m, x.pop((s, m)))
           if s < last_stage:
             x[(s + 1, m)] = y
@@ -168,6 +175,14 @@ class Engine:
       dy, outputs = self._ops.Loss(m, y)
     self._last[d] = [t for t in outputs if t is not None]
     return dy
+
+  def _Weight(self, d: int, s: int, m: int) -> None:
+    after = list(self._last.get(d, []))
+    start = self._Begin(d, after, [('B', s, m)])
+    with tf.control_dependencies(after + _Present(start)):
+      sums = self._ops.Weight(s, m)
+    end = self._Finish(d, 'W', s, m, start, sums)
+    self._last[d] = [t for t in sums if t is not None] + _Present(end)
 
   def _Backward(self, d: int, s: int, m: int, dy: Leaves) -> Leaves:
     after = list(self._last.get(d, []))

@@ -51,6 +51,7 @@ from typing import Tuple
 
 import tensorflow as tf
 
+from lingvo_pipe.core import backward_split
 from lingvo_pipe.core import input_gradient
 from lingvo_pipe.core import pipeline_engine
 from lingvo_pipe.core import pipeline_loss
@@ -173,6 +174,10 @@ class PipelineRun:
                                lambda fn, d=d: _OnDevice(fn, d))
         for s, d in enumerate(self._devices)
         if layer.KeepsActivations(s)}
+    # Tables that split backwards (W actions): each stage's B and W, and
+    # per (s, m) what B leaves for W (dy, carry).
+    self._halves: Dict[int, backward_split.BackwardSplit] = {}
+    self._waiting: Dict[Tuple[int, int], Tuple[Leaves, Leaves]] = {}
     # One-pass training (Train): the loss head, and its theta as Run got it.
     self._loss: Optional[pipeline_loss.LossHead] = None
     self._head_theta: Leaves = []
@@ -261,16 +266,35 @@ class PipelineRun:
     self._kept[(s, m)] = (list(y), list(kept))
     return list(y)
 
+  def _Zeros(self, s: int) -> Leaves:
+    """Stage s's running gradient sums, from zeros at its first use."""
+    if self._acc[s] is None:
+      with tf.name_scope('zeros'):
+        self._acc[s] = [tf.zeros_like(t) if residuals.IsFloat(t) else None
+                        for t in self._theta_leaves[s]]
+    return self._acc[s]
+
+  def Weight(self, s: int, m: int) -> Leaves:
+    """W(s, m) (pipeline_engine.StageOps): d theta from what B(s, m) left."""
+    x = self._x.pop((s, m))
+    y, kept = self._kept.pop((s, m))
+    dy, carry = self._waiting.pop((s, m))
+    self._acc[s] = self._halves[s].Weight(self._theta_leaves[s], x, kept, dy,
+                                          y, carry, self._Zeros(s))
+    return list(self._acc[s])
+
   def Backward(self, s: int, m: int, dy: Leaves, clock: Optional[tf.Tensor]
                ) -> Tuple[Leaves, Leaves, Optional[tf.Tensor]]:
     """B(s, m) (pipeline_engine.StageOps)."""
     theta_leaves = self._theta_leaves[s]
+    if s in self._halves:  # B makes dx; W(s, m) the rest, later
+      y, kept = self._kept[(s, m)]
+      dx, carry = self._halves[s].Input(theta_leaves, self._x[(s, m)], kept,
+                                        dy, y)
+      self._waiting[(s, m)] = (dy, carry)
+      return list(dx), list(carry), None
     x = self._x.pop((s, m))
-    if self._acc[s] is None:
-      with tf.name_scope('zeros'):
-        self._acc[s] = [tf.zeros_like(t) if residuals.IsFloat(t) else None
-                        for t in theta_leaves]
-    acc = self._acc[s]
+    acc = self._Zeros(s)
     if s in self._split_cells:
       y, kept = self._kept.pop((s, m))
       dx, sums = self._split_cells[s].Backward(theta_leaves, x, kept, dy, y,
@@ -299,6 +323,20 @@ class PipelineRun:
   def Loss(self, m: int, y: Leaves) -> Tuple[Leaves, Leaves]:
     """Micro-batch m's loss and d y, on the last device (Train)."""
     return self._loss.Call(m, y, self._structures[self._s], self._head_theta)
+
+  def _SplitBackwards(self) -> None:
+    """B and W of every stage, for a table with W actions (zero bubble):
+    every stage must keep its activations (backward_split.py)."""
+    missing = [s for s in range(self._s) if s not in self._split_cells]
+    if missing:
+      raise ValueError(
+          f"PipeliningLayer '{self._layer.path}': a table that splits its "
+          f"backwards needs recompute='never' (stages {missing} re-compute); "
+          'set p.recompute.')
+    self._halves = {
+        s: backward_split.BackwardSplit(
+            cell, f'cell_{s}', lambda fn, d=self._devices[s]: _OnDevice(fn, d))
+        for s, cell in self._split_cells.items()}
 
   # ---- the differentiable FProp -------------------------------------------
 
@@ -350,6 +388,8 @@ class PipelineRun:
     every stage's theta and `head_theta`.
     """
     self._PrepareInputGradient(leaves)
+    if table.split_backward:
+      self._SplitBackwards()
     last = self._devices[-1]
     side = [tf.convert_to_tensor(t) for t in tf.nest.flatten(batch)]
     self._loss = pipeline_loss.LossHead(

@@ -275,12 +275,8 @@ class SplitCell:
     `acc` (a tensor per floating theta leaf) the call returns acc + d theta
     instead of d theta, added inside the call (`AddGradients`).
     """
-    wanted = tuple(d is not None and IsFloat(t) for t, d in zip(y, dy))
-    backward = self._BackwardFor(wanted)
-    live_dy = [d for d, want in zip(dy, wanted) if want]
-    pools = {'theta': theta_leaves, 'x': x, 'out': residuals, 'dy': live_dy,
-             'capture': self._captured}
-    inputs = [pools[kind][i] for kind, i in backward.refs]
+    wanted, backward, inputs = self.Gradient(theta_leaves, x, residuals, dy,
+                                             y)
     key = wanted + ((acc is not None),)
     if key not in self._backward_fns:
       self._backward_fns[key] = self._BackwardFn(backward, wanted,
@@ -288,6 +284,19 @@ class SplitCell:
     extra = [] if acc is None else [acc]
     grads = list(self._backward_fns[key](inputs, *extra))
     return grads[:backward.num_x], grads[backward.num_x:]
+
+  def Gradient(self, theta_leaves: List[tf.Tensor], x: List[tf.Tensor],
+               residuals: List[tf.Tensor], dy: Leaves, y: List[tf.Tensor]
+               ) -> Tuple[Tuple[bool, ...], _Backward, List[tf.Tensor]]:
+    """(which outputs get a gradient, the gradient's GraphDef, the value of
+    each of its inputs `refs`) for one backward of the forward that made
+    `residuals` (backward_split.py splits it)."""
+    wanted = tuple(d is not None and IsFloat(t) for t, d in zip(y, dy))
+    backward = self._BackwardFor(wanted)
+    live_dy = [d for d, want in zip(dy, wanted) if want]
+    pools = {'theta': theta_leaves, 'x': x, 'out': residuals, 'dy': live_dy,
+             'capture': self._captured}
+    return wanted, backward, [pools[kind][i] for kind, i in backward.refs]
 
   def _BackwardFn(self, backward: _Backward, wanted: Tuple[bool, ...],
                   accumulates: bool) -> Any:
@@ -316,6 +325,11 @@ class SplitCell:
                          ''.join('1' if w else '0' for w in wanted) +
                          ('_accumulate' if accumulates else ''))
     return self._wrap(Backward)
+
+
+def InputName(i: int) -> str:
+  """The placeholder of the gradient GraphDef's input i."""
+  return _InputName(i)
 
 
 def _InputName(i: int) -> str:

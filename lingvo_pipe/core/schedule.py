@@ -7,6 +7,8 @@ An action is one unit of work on one micro-batch:
   F(s, m)  forward of stage s on micro-batch m (the last stage's forward
            also computes that micro-batch's loss when training)
   B(s, m)  backward: d(stage input) and d(stage variables) of micro-batch m
+  W(s, m)  in a table that splits its backwards (zero bubble), B(s, m) makes
+           d(stage input) only and W(s, m) d(stage variables)
 
 `order[d]` lists device d's actions in the order it runs them; the
 pipeline emits them in exactly that order (control dependencies), so a
@@ -23,6 +25,12 @@ digits are micro-batches, stage s on device s mod K):
   Interleaved 1F1B (V stages per device, M a multiple of K): forwards
   go through the device's stages in groups of K micro-batches, with
   2(K-1-d) + (V-1)K forwards of warm-up; the bubble shrinks V times.
+  ZB-H1 (zero bubble, Qi et al. 2023): 1F1B with the backward split in
+  B and W; device d lets up to d W's wait, so B answers the previous
+  stage at once and the W's fill the gaps; with F = B = W the bubble is a
+  third of 1F1B's, and no stage holds more than K micro-batches
+    dev 0:  F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 B3 W3
+    dev 1:  .  F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3
 
 `Validate` checks a table: every action once, on its stage's device,
 every dependency met without deadlock; its error names the first bad
@@ -37,13 +45,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b')
-PHASES = ('F', 'B')
+SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1')
+PHASES = ('F', 'B', 'W')
 
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Action:
-  """Phase 'F' or 'B' of micro-batch `micro_batch` on stage `stage`."""
+  """Phase 'F', 'B' or 'W' of micro-batch `micro_batch` on stage `stage`."""
   phase: str
   stage: int
   micro_batch: int
@@ -72,6 +80,11 @@ class Schedule:
   @property
   def num_devices(self) -> int:
     return len(self.order)
+
+  @property
+  def split_backward(self) -> bool:
+    """Whether backwards are split: B makes d inputs, W d variables."""
+    return any(a.phase == 'W' for row in self.order for a in row)
 
   def StagesOf(self, device: int) -> List[int]:
     return [s for s, d in enumerate(self.stage_devices) if d == device]
@@ -185,6 +198,38 @@ def Interleaved1F1B(num_devices: int, num_micro_batches: int,
                   tuple(order))
 
 
+def ZeroBubbleH1(num_devices: int, num_micro_batches: int) -> Schedule:
+  """ZB-H1: 1F1B's order with each backward split into B and W.
+
+  Device d warms up with K-1-d forwards, then runs one forward and one B
+  in turn, oldest first; a W waits while at most d others wait (the last
+  device defers most: its B's are what every earlier device is waiting
+  for); each B of the cool-down is followed by the oldest W, and the W's
+  left end the table. Every stage holds at most K micro-batches between
+  F and W; with F, B and W of one cost each the bubble is
+  (K-1)/(3M+K-1), against 1F1B's (K-1)/(M+K-1).
+  """
+  _Check(num_devices, num_micro_batches, 1)
+  k, m_total = num_devices, num_micro_batches
+  order = []
+  for d in range(k):
+    warmup = min(k - 1 - d, m_total)
+    row = [Action('F', d, m) for m in range(warmup)]
+    waiting: List[int] = []
+    for i in range(m_total - warmup):
+      row += [Action('F', d, warmup + i), Action('B', d, i)]
+      waiting.append(i)
+      if len(waiting) > d:
+        row.append(Action('W', d, waiting.pop(0)))
+    for i in range(m_total - warmup, m_total):
+      row.append(Action('B', d, i))
+      waiting.append(i)
+      row.append(Action('W', d, waiting.pop(0)))
+    row += [Action('W', d, m) for m in waiting]
+    order.append(tuple(row))
+  return Schedule('zb_h1', m_total, LoopedStageDevices(k), tuple(order))
+
+
 def Make(name: str, num_devices: int, num_micro_batches: int,
          num_virtual_stages: int = 1) -> Schedule:
   """The table of schedule `name` (one of SCHEDULES), validated."""
@@ -197,6 +242,12 @@ def Make(name: str, num_devices: int, num_micro_batches: int,
           f"num_virtual_stages={num_virtual_stages}; use "
           "'interleaved_1f1b' for more.")
     table = OneFOneB(num_devices, num_micro_batches)
+  elif name == 'zb_h1':
+    if num_virtual_stages != 1:
+      raise ValueError(
+          f"Schedule 'zb_h1' runs one stage per device, got "
+          f'num_virtual_stages={num_virtual_stages}.')
+    table = ZeroBubbleH1(num_devices, num_micro_batches)
   elif name == 'interleaved_1f1b':
     table = Interleaved1F1B(num_devices, num_micro_batches,
                             num_virtual_stages)
@@ -214,6 +265,8 @@ def Dependencies(action: Action, num_stages: int) -> List[Action]:
   s, m = action.stage, action.micro_batch
   if action.phase == 'F':
     return [Action('F', s - 1, m)] if s else []
+  if action.phase == 'W':
+    return [Action('B', s, m)]
   deps = [Action('F', s, m)]
   if s + 1 < num_stages:
     deps.append(Action('B', s + 1, m))
@@ -224,9 +277,10 @@ def Validate(table: Schedule) -> None:
   """Raises ValueError naming the first bad action; None if the table runs.
 
   Checks: every stage has a device; each device lists only actions of its
-  own stages; every F and B of every (stage, micro-batch) appears exactly
-  once; and the table runs to the end, each device in its order, every
-  action after the actions it reads (no deadlock).
+  own stages; every F and B (and W, if the table splits its backwards) of
+  every (stage, micro-batch) appears exactly once; and the table runs to
+  the end, each device in its order, every action after the actions it
+  reads (no deadlock).
   """
   where = f"Schedule '{table.name}'"
   num_stages, m_total = table.num_stages, table.num_micro_batches
@@ -249,7 +303,7 @@ def Validate(table: Schedule) -> None:
       if a in seen:
         raise ValueError(f'{where}: {a} appears twice.')
       seen.add(a)
-  for phase in PHASES:
+  for phase in PHASES if table.split_backward else ('F', 'B'):
     for s in range(num_stages):
       for m in range(m_total):
         if Action(phase, s, m) not in seen:
@@ -330,18 +384,23 @@ def _PerStage(values: Optional[Sequence[float]], num_stages: int,
 def Simulate(table: Schedule, forward_s: Optional[Sequence[float]] = None,
              backward_s: Optional[Sequence[float]] = None,
              overhead_s: float = 0.0,
-             hop_s: Optional[Sequence[float]] = None) -> Simulation:
+             hop_s: Optional[Sequence[float]] = None,
+             weight_s: Optional[Sequence[float]] = None) -> Simulation:
   """Runs the table: each action starts when its device's previous action
   and the actions it reads are done, and lasts its stage's cost.
 
-  Costs are per stage (default: unit forwards, backwards twice as long),
-  plus `overhead_s` per action. `hop_s[s]` (one per stage boundary, S-1)
-  delays a dependency between stage s and s+1 when they are on different
-  devices: the hand-off of the activation forward and of its gradient back.
+  Costs are per stage (default: unit forwards, backwards twice as long;
+  with split backwards B and W one unit each), plus `overhead_s` per
+  action. `hop_s[s]` (one per stage boundary, S-1) delays a dependency
+  between stage s and s+1 when they are on different devices: the
+  hand-off of the activation forward and of its gradient back.
   """
   s_total = table.num_stages
-  fwd = _PerStage(forward_s, s_total, 1.0, 'forward_s')
-  bwd = _PerStage(backward_s, s_total, 2.0, 'backward_s')
+  split = table.split_backward
+  costs = {'F': _PerStage(forward_s, s_total, 1.0, 'forward_s'),
+           'B': _PerStage(backward_s, s_total, 1.0 if split else 2.0,
+                          'backward_s'),
+           'W': _PerStage(weight_s, s_total, 1.0, 'weight_s')}
   hops = list(hop_s) if hop_s is not None else [0.0] * max(s_total - 1, 0)
   if len(hops) != max(s_total - 1, 0):
     raise ValueError(f'hop_s has {len(hops)} entries for {s_total} stages; '
@@ -357,7 +416,7 @@ def Simulate(table: Schedule, forward_s: Optional[Sequence[float]] = None,
       if devs[dep.stage] != d:
         delay = hops[min(dep.stage, a.stage)]
       ready = max(ready, times[dep][1] + delay)
-    cost = (fwd if a.phase == 'F' else bwd)[a.stage] + overhead_s
+    cost = costs[a.phase][a.stage] + overhead_s
     times[a] = (ready, ready + cost)
     free[d] = ready + cost
     busy[d] += cost
@@ -369,16 +428,18 @@ def Simulate(table: Schedule, forward_s: Optional[Sequence[float]] = None,
 def InFlight(table: Schedule) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
   """Most micro-batches held at once, per stage and per device.
 
-  A micro-batch is held on stage s from F(s, m) until B(s, m): its input
-  (and its activations when the stage keeps them) wait for the backward.
-  The order on each device alone decides it, not the timing.
+  A micro-batch is held on stage s from F(s, m) until B(s, m), or until
+  W(s, m) when the table splits its backwards: its input (and its
+  activations when the stage keeps them) wait for it. The order on each
+  device alone decides it, not the timing.
   """
+  last = 'W' if table.split_backward else 'B'
   stage_peak = [0] * table.num_stages
   device_peak = [0] * table.num_devices
   for d, row in enumerate(table.order):
     held = {s: 0 for s in table.StagesOf(d)}
     for a in row:
-      held[a.stage] += 1 if a.phase == 'F' else -1
+      held[a.stage] += {'F': 1, last: -1}.get(a.phase, 0)
       stage_peak[a.stage] = max(stage_peak[a.stage], held[a.stage])
       device_peak[d] = max(device_peak[d], sum(held.values()))
   return tuple(stage_peak), tuple(device_peak)

@@ -54,7 +54,7 @@ class MeasuredTask:
   """One task as it ran; times in seconds from the step's first start."""
   layer: str
   device: str
-  phase: str  # 'F' or 'B'
+  phase: str  # 'F', 'B' or 'W'
   partition: int  # the stage
   micro_batch: int
   start: float
@@ -141,16 +141,21 @@ class StepTrace:
   def MeanSeconds(self, layer: str) -> Tuple[List[float], List[float]]:
     """Per stage, the mean measured forward and backward (re-computation
     included), over micro-batches and replicas; 0 where none ran."""
+    means = self._Means(layer)
+    return means['F'], means['B']
+
+  def _Means(self, layer: str) -> Dict[str, List[float]]:
+    """Per phase (F, B, W), per stage: the mean measured seconds."""
     mine = self._Mine(layer)
     num_stages = max(t.partition for t in mine) + 1
-    means = []
+    means = {}
     for phase in schedule.PHASES:
       per_stage: List[List[float]] = [[] for _ in range(num_stages)]
       for t in mine:
         if t.phase == phase:
           per_stage[t.partition].append(t.end - t.start)
-      means.append([statistics.mean(x) if x else 0.0 for x in per_stage])
-    return means[0], means[1]
+      means[phase] = [statistics.mean(x) if x else 0.0 for x in per_stage]
+    return means
 
   def Span(self, layer: str) -> Tuple[float, float]:
     mine = self._Mine(layer)
@@ -176,7 +181,9 @@ class StepTrace:
     table = self.Table(layer)
     if not measured:
       return schedule.Simulate(table).bubble
-    return schedule.Simulate(table, *self.MeanSeconds(layer)).bubble
+    means = self._Means(layer)
+    return schedule.Simulate(table, means['F'], means['B'],
+                             weight_s=means['W']).bubble
 
   def Summary(self) -> str:
     """One line per layer: span, bubbles, busy fractions; then the clocks."""
@@ -212,7 +219,7 @@ class StepTrace:
               'micro_batch': t.micro_batch}
       events.append({
           'ph': 'X', 'name': timeline.Label(t.action, multi[t.layer]),
-          'cat': 'forward' if t.phase == 'F' else 'backward',
+          'cat': {'F': 'forward', 'B': 'backward', 'W': 'weight'}[t.phase],
           'pid': pid, 'tid': 0, 'ts': t.start * 1e6,
           'dur': (t.end - t.start) * 1e6, 'args': args})
       if t.recomputed is not None:

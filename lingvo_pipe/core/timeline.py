@@ -24,8 +24,9 @@ import tensorflow as tf
 from lingvo_pipe.core import schedule
 
 _UNIT_W, _CELL_H, _LEFT, _TOP = 36, 26, 190, 48
-# Forward blue, backward orange (step_trace's measured picture uses them too).
-PHASE_COLORS = {'F': '#4a90d9', 'B': '#e8913a'}
+# Forward blue, backward orange, weight gradient (zero bubble's W) green;
+# step_trace's measured picture uses them too.
+PHASE_COLORS = {'F': '#4a90d9', 'B': '#e8913a', 'W': '#5aa05a'}
 IDLE_COLOR = '#eeeeee'
 
 
@@ -94,8 +95,11 @@ def ScheduleSvg(table: schedule.Schedule, devices: Sequence[str],
       out.append(f'<text x="{x + w / 2:g}" y="{y + 17}" text-anchor='
                  f'"middle" fill="white">{Label(a, multi)}</text>')
   legend_y = _TOP + table.num_devices * _CELL_H + 24
-  out.append(f'<text x="{_LEFT}" y="{legend_y}">time -&gt; (forward 1, '
-             'backward 2): F = forward, B = backward (re-computes first), '
-             'grey = idle</text>')
+  legend = ('(forward, B and W 1 each): F = forward, B = input gradient, '
+            'W = weight gradient' if table.split_backward else
+            '(forward 1, backward 2): F = forward, B = backward '
+            '(re-computes first)')
+  out.append(f'<text x="{_LEFT}" y="{legend_y}">time -&gt; {legend}, grey '
+             '= idle</text>')
   out.append('</svg>')
   return '\n'.join(out) + '\n'

@@ -6,9 +6,9 @@ stage's backwards in the table, loss, input gradient and every variable's
 gradient (the loss head's included) are bitwise equal; against the full
 batch, within 1e-12 in float64. The matrix: schedule, K, V, M and
 recompute mode, dropout on; BatchNorm on for every schedule and mode.
+Zero bubble (zb_h1) splits each backward into B and W (backward_split.py):
+the same ops, so the same bits.
 """
-
-import itertools
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -111,7 +111,8 @@ _SCHEDULE_CASES = (
      for m in (1, 2, 4, 8) for r in gpipe.RECOMPUTE_MODES] +
     [('interleaved_1f1b', k, v, m, r) for k, v in ((1, 2), (2, 2), (1, 4))
      for m in (2, 4, 8) for r in gpipe.RECOMPUTE_MODES] +
-    [('gpipe', 2, 2, 4, 'always')])
+    [('zb_h1', k, 1, m, 'never') for k in (1, 2, 3, 4) for m in (1, 2, 4, 8)]
+    + [('gpipe', 2, 2, 4, 'always')])
 
 
 class OnePassTest(tf.test.TestCase, parameterized.TestCase):
@@ -173,9 +174,10 @@ class OnePassTest(tf.test.TestCase, parameterized.TestCase):
     pipe = lib.Pipeline(k, m, recompute, sched, v, keep_prob=0.75)
     self._Check(pipe, m, lambda f: f)
 
-  @parameterized.parameters(itertools.product(
-      (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2)),
-      gpipe.RECOMPUTE_MODES))
+  @parameterized.parameters(
+      [((s, v), r) for s, v in (('gpipe', 1), ('1f1b', 1),
+                                ('interleaved_1f1b', 2))
+       for r in gpipe.RECOMPUTE_MODES] + [(('zb_h1', 1), 'never')])
   def testWithBatchNorm(self, sched_v, recompute):
     """Dropout and BatchNorm on: bitwise against the same split (BatchNorm
     normalises per micro-batch), each BatchNorm sees the batch once, and
@@ -203,7 +205,8 @@ class OnePassTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(
       ('1f1b', 2, 1, 4, 'always'), ('1f1b', 3, 1, 8, 'except_last'),
       ('1f1b', 4, 1, 2, 'never'), ('interleaved_1f1b', 2, 2, 4, 'always'),
-      ('interleaved_1f1b', 2, 2, 2, 'never'), ('gpipe', 2, 1, 4, 'always'))
+      ('interleaved_1f1b', 2, 2, 2, 'never'), ('gpipe', 2, 1, 4, 'always'),
+      ('zb_h1', 2, 1, 4, 'never'), ('zb_h1', 4, 1, 8, 'never'))
   def testTracedStepMatchesSequential(self, sched, k, v, m, recompute):
     """In a tf.function (control dependencies, Grappler): still bitwise."""
     pipe = lib.Pipeline(k, m, recompute, sched, v, keep_prob=0.75)

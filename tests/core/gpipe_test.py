@@ -393,6 +393,31 @@ class ErrorTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, "recompute='sometimes'"):
       self._Build(recompute='sometimes')
 
+  def testScheduleErrors(self):
+    """One line each, at construction, saying what to change."""
+    cells = self._Cells([3] * 5)  # four cells
+    cases = [
+        (dict(schedule='zero'), r"'pipe': schedule='zero'; use one of "
+         r"\('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1'\)\.$"),
+        (dict(schedule='zb_h1'), r"schedule 'zb_h1' splits each backward .* "
+         r"needs recompute='never' and one stage per device, got "
+         r"recompute='always', num_virtual_stages=1\.$"),
+        (dict(schedule='interleaved_1f1b'), r"'interleaved_1f1b' needs "
+         r'num_virtual_stages >= 2'),
+        (dict(num_virtual_stages=3), r'num_virtual_stages=3 must be a '
+         r'positive divisor of the 4 cells'),
+        (dict(schedule='1f1b', num_virtual_stages=2), r"schedule '1f1b' "
+         r'runs one stage per device'),
+        (dict(schedule='interleaved_1f1b', num_virtual_stages=2,
+              num_micro_batches=3), r"'pipe': Schedule 'interleaved_1f1b' "
+         r'needs M a multiple of K: M=3, K=2; use M = 2 or 4\.$'),
+    ]
+    for kwargs, regex in cases:
+      p = gpipe.PipeliningLayer.Params().Set(name='pipe', cell_tpl=cells,
+                                             **kwargs)
+      with self.assertRaisesRegex(ValueError, regex, msg=str(kwargs)):
+        p.Instantiate()
+
 
 def _ConvPipeline(k, m):
   """k partitions of one 3x3 convolution each, float32 NHWC."""

@@ -72,6 +72,15 @@ class GeneratorTest(parameterized.TestCase):
       ('GPipeK2M2V2', lambda: schedule.GPipe(2, 2, 2), (0, 1, 0, 1), (
           'F0.0 F0.1 F2.0 F2.1 B2.1 B2.0 B0.1 B0.0',
           'F1.0 F1.1 F3.0 F3.1 B3.1 B3.0 B1.1 B1.0')),
+      # ZB-H1: 1F1B's F and B; device d lets up to d W's wait; the
+      # cool-down's B's each take the oldest W; the W's left end the row.
+      ('ZeroBubbleK2M4', lambda: schedule.ZeroBubbleH1(2, 4), (0, 1), (
+          'F0.0 F0.1 B0.0 W0.0 F0.2 B0.1 W0.1 F0.3 B0.2 W0.2 B0.3 W0.3',
+          'F1.0 B1.0 F1.1 B1.1 W1.0 F1.2 B1.2 W1.1 F1.3 B1.3 W1.2 W1.3')),
+      ('ZeroBubbleK3M4', lambda: schedule.ZeroBubbleH1(3, 4), (0, 1, 2), (
+          'F0.0 F0.1 F0.2 B0.0 W0.0 F0.3 B0.1 W0.1 B0.2 W0.2 B0.3 W0.3',
+          'F1.0 F1.1 B1.0 F1.2 B1.1 W1.0 F1.3 B1.2 W1.1 B1.3 W1.2 W1.3',
+          'F2.0 B2.0 F2.1 B2.1 F2.2 B2.2 W2.0 F2.3 B2.3 W2.1 W2.2 W2.3')),
       # Warm-up K-1-d = 2, 1, 0 forwards; then F, B in turn; then the rest.
       ('OneFOneBK3M4', lambda: schedule.OneFOneB(3, 4), (0, 1, 2), (
           'F0.0 F0.1 F0.2 B0.0 F0.3 B0.1 B0.2 B0.3',
@@ -176,7 +185,10 @@ class ValidateTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ('Unknown', lambda: schedule.Make('zero_bubble', 2, 4),
        r"^Unknown schedule 'zero_bubble'; use one of \('gpipe', '1f1b', "
-       r"'interleaved_1f1b'\)\.$"),
+       r"'interleaved_1f1b', 'zb_h1'\)\.$"),
+      ('ZeroBubbleV', lambda: schedule.Make('zb_h1', 2, 4, 2),
+       r"^Schedule 'zb_h1' runs one stage per device, got "
+       r'num_virtual_stages=2\.$'),
       ('InterleavedM', lambda: schedule.Make('interleaved_1f1b', 2, 5, 2),
        r"^Schedule 'interleaved_1f1b' needs M a multiple of K: M=5, K=2; "
        r'use M = 4 or 6\.$'),
@@ -216,6 +228,26 @@ class SimulateTest(absltest.TestCase):
             sim.peak_device_in_flight)
         self.assertEqual(sim.peak_device_in_flight[0],
                          schedule.InFlight(table)[1][0])
+
+  def testZeroBubbleThirdOfTheBubbleAndKHeld(self):
+    """ZB-H1 with F = B = W: (K-1)/(3M+K-1) for M >= K (1F1B, backward
+    B + W: (K-1)/(M+K-1)); every stage holds at most K micro-batches from
+    F to W, and the validator wants every W."""
+    for k in range(1, 6):
+      for m in range(k, 13):
+        table = schedule.Make('zb_h1', k, m)
+        self.assertTrue(table.split_backward)
+        sim = schedule.Simulate(table)
+        self.assertAlmostEqual(sim.bubble, (k - 1) / (3 * m + k - 1),
+                               msg=(k, m))
+        self.assertLessEqual(max(sim.peak_in_flight), k, (k, m))
+        self.assertEqual(sim.busy, (3.0 * m,) * k)
+    table = schedule.Make('zb_h1', 2, 2)
+    dropped = tuple(tuple(a for a in row if a != A('W', 1, 1))
+                    for row in table.order)
+    with self.assertRaisesRegex(ValueError, r'W\(stage 1, micro-batch 1\) '
+                                'is missing'):
+      schedule.Validate(schedule.Schedule('zb', 2, (0, 1), dropped))
 
   def testInterleavedInFlightByHand(self):
     # Counted along the literal K=2 V=2 M=4 table above.
