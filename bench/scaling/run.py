@@ -94,7 +94,8 @@ def _ClientFlags(workers: local_workers.LocalWorkers, stack: stack_lib.Stack,
           '--worker_pids=' + ','.join(map(str, workers.pids)),
           f'--stack={json.dumps(dataclasses.asdict(stack))}',
           f'--warmup={args.warmup}', f'--rounds={args.rounds}',
-          '--setups=' + ';'.join(s.ToText() for s in setups)]
+          '--setups=' + ';'.join(s.ToText() for s in setups)] + (
+              ['--bubbles'] if getattr(args, 'bubbles', False) else [])
 
 
 def _ServerRssMiB(workers: local_workers.LocalWorkers) -> List[float]:

@@ -9,13 +9,17 @@ pinned to core i, fresh for each recompute mode; one client
 in every configuration below, warms each up, then times --rounds rounds
 of one training step of each, interleaved (the trainer's one pass,
 `FPropWithLoss`; gradients returned). Configurations: K=1 M=1 (the
-baseline); K=2 M=8 with GPipe and 1F1B; K=2 M=4 with GPipe, 1F1B and
+baseline); K=2 M=8 with GPipe and 1F1B (and zero bubble, ZB-H1, with
+recompute 'never', the only mode it runs); K=2 M=4 with GPipe, 1F1B and
 interleaved 1F1B (V=2: four stages of two layers, stage s on worker
 s mod 2); K=2 M=32 with GPipe and 1F1B. Reported: median seconds per
 step, throughput = t(K=1 M=1) / t, and the ideal of each schedule, the
 throughput its table reaches when every stage's forward costs the same
 and a backward twice that, hand-offs free (`schedule.Simulate`):
-K*M/(M+K-1) for GPipe and 1F1B, more for interleaved.
+K*M/(M+K-1) for GPipe and 1F1B, more for interleaved (ZB-H1's ideal
+takes its B and W as one backward each: 2/3 and 1/3 of it). Each
+configuration's bubble is measured too (step_trace, one traced step)
+beside the ideal bubble of its order.
 
 startup: K=8 M=32, every schedule (interleaved with V=2), a stack of 16
 layers d=64 (so that 16 stages exist), K logical CPUs in one process per
@@ -57,8 +61,10 @@ FIRST_STEP_TARGET = 10.0  # seconds, K=8 M=32
 
 
 def ThroughputSetups(mode: str) -> List[Setup]:
+  zero_bubble = ['zb_h1'] if mode == 'never' else []
   return ([Setup('pipe', 1, 1, mode)] +
-          [Setup('pipe', 2, 8, mode, s) for s in ('gpipe', '1f1b')] +
+          [Setup('pipe', 2, 8, mode, s)
+           for s in ['gpipe', '1f1b'] + zero_bubble] +
           [Setup('pipe', 2, 4, mode, s) for s in ('gpipe', '1f1b')] +
           [Setup('pipe', 2, 4, mode, 'interleaved_1f1b', 2)] +
           [Setup('pipe', 2, 32, mode, s) for s in ('gpipe', '1f1b')])
@@ -68,9 +74,11 @@ def Ideal(setup: Setup) -> float:
   """Throughput of the setup's table against one device, unit costs."""
   table = schedule.Make(setup.schedule, setup.k, setup.m, setup.v)
   stages = setup.k * setup.v
-  forward = 1.0 / (stages * setup.m)
-  sim = schedule.Simulate(table, [forward] * stages,
-                          [2 * forward] * stages)
+  forward = [1.0 / (stages * setup.m)] * stages
+  if table.split_backward:  # B and W, one forward's worth each
+    sim = schedule.Simulate(table, forward, forward, weight_s=forward)
+  else:
+    sim = schedule.Simulate(table, forward, [2 * f for f in forward])
   return 3.0 / sim.step
 
 
@@ -103,8 +111,9 @@ def ThroughputTable(stack: stack_lib.Stack, mode: str,
            f'{stack.Describe()}; one worker process per task, each pinned '
            'to one core.', '',
            '| schedule | K | V | M | median s/step | throughput | ideal '
-           '| of its ideal | of GPipe\'s ideal | worker CPU s/step |',
-           '|' + '---|' * 10]
+           '| of its ideal | of GPipe\'s ideal | bubble (ideal) '
+           '| worker CPU s/step |',
+           '|' + '---|' * 11]
   for s, r in rows:
     if 'error' in r:
       lines.append(f'| {s.schedule} | {s.k} | {s.v} | {s.m} | error: '
@@ -115,10 +124,16 @@ def ThroughputTable(stack: stack_lib.Stack, mode: str,
     lines.append(
         f'| {s.schedule} | {s.k} | {s.v} | {s.m} | {med[s]:.3f} | '
         f'{tput:.2f} | {Ideal(s):.2f} | {tput / Ideal(s):.2f} | '
-        f'{tput / gpipe_ideal:.2f} | '
+        f'{tput / gpipe_ideal:.2f} | {_Bubble(r)} | '
         f'{", ".join(f"{c:.3f}" for c in r["worker_cpu"])} |')
   lines += [''] + Targets(med, base)
   return '\n'.join(lines)
+
+
+def _Bubble(record: dict) -> str:
+  if 'bubble' not in record:
+    return '-'
+  return f'{record["bubble"]:.0%} ({record["ideal_bubble"]:.0%})'
 
 
 def Targets(med: Dict[Setup, float], base: float) -> List[str]:
@@ -198,6 +213,7 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str]) -> None:
   signal.signal(signal.SIGTERM, scaling._Terminate)  # pylint: disable=protected-access
   args = _Args(argv)
+  args.bubbles = True  # throughput.py measures each bubble too
   header = scaling._Header()  # pylint: disable=protected-access
   print(header, flush=True)
   stack = stack_lib.Stack()

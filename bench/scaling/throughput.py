@@ -19,6 +19,9 @@ JSON line, label -> record:
   client_cpu  the same for this process
   trace       seconds to trace (get_concrete_function)
   first       seconds of the first call (graph optimisation, one step)
+  bubble, ideal_bubble
+              with --bubbles: the measured idle share of one traced step
+              (step_trace) and the ideal of the order that ran
 
 Connecting to a cluster changes the process's eager context for good, so
 run.py starts one client per recompute mode, on fresh workers.
@@ -38,6 +41,7 @@ sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'gpipe'))
 
 from lingvo_pipe.core import cluster  # noqa: E402
+from lingvo_pipe.core import step_trace  # noqa: E402
 
 import stack as stack_lib  # noqa: E402  (bench/gpipe)
 
@@ -60,12 +64,15 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--stack', default='{}', help='Stack fields, JSON.')
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--rounds', type=int, default=10)
+  parser.add_argument('--bubbles', action='store_true',
+                      help='Also measure each configuration\'s bubble '
+                      '(step_trace: one traced step after warm-up).')
   return parser.parse_args()
 
 
 def Measure(spec: str, pids: List[int], stack: stack_lib.Stack,
             setups: List[stack_lib.Setup], warmup: int,
-            rounds: int) -> Dict[str, dict]:
+            rounds: int, bubbles: bool = False) -> Dict[str, dict]:
   """The JSON record of the module docstring."""
   devices = cluster.Connect(cluster.ParseClusterSpec(spec))
   inputs = stack_lib.Inputs(stack)
@@ -78,6 +85,11 @@ def Measure(spec: str, pids: List[int], stack: stack_lib.Stack,
         'setup': setup.ToText(), 'devices': devices[:setup.k], 'times': [],
         'worker_cpu': [0.0] * len(pids), 'client_cpu': 0.0,
         'trace': ready[setup.label].trace, 'first': ready[setup.label].first}
+    if bubbles:
+      traced = step_trace.Measure(ready[setup.label].fn.python_function,
+                                  inputs, warmup=1)
+      out[setup.label]['bubble'] = traced.Bubble('model')
+      out[setup.label]['ideal_bubble'] = traced.IdealBubble('model')
   for label in stack_lib.Rotations(list(ready), rounds):
     record = out[label]
     cpu_before = [CpuSeconds(pid) for pid in pids]
@@ -102,7 +114,8 @@ def main() -> None:
   pids = [int(p) for p in args.worker_pids.split(',')]
   stack = stack_lib.Stack(**json.loads(args.stack))
   print(json.dumps(Measure(args.cluster_spec, pids, stack, setups,
-                           args.warmup, args.rounds)), flush=True)
+                           args.warmup, args.rounds, args.bubbles)),
+        flush=True)
 
 
 if __name__ == '__main__':
