@@ -2,6 +2,7 @@
 
   .venv/bin/python bench/memory/table1.py [--model=transformer]
       [--budget_mib=128] [--m=8] [--setups=naive,1,2,4] [--repeats=1]
+      [--schedule=gpipe] [--num_virtual_stages=1] [--recompute=always]
       [--json_out=FILE]
 
 For a memory budget per device, finds the largest model of a family that
@@ -12,6 +13,17 @@ set-ups as GPipe's Table 1:
   pipeline-1   PipeliningLayer, K=1, M micro-batches, re-computation
   pipeline-2   K=2: partition k on device k, re-computation
   pipeline-4   K=4
+
+A pipeline's step is the trainer's one pass (`FPropWithLoss`, through
+bench/gpipe's `MeanSquareLoss`: each micro-batch's loss on the last
+device as its forward ends) in the order of --schedule (one of
+schedule.SCHEDULES): 'gpipe' (every forward, then every backward),
+'1f1b' (stage k holds at most K-k micro-batches between forward and
+backward), 'interleaved_1f1b' with --num_virtual_stages=V stages per
+device (K x V partitions, M a multiple of K), ... --recompute is the
+pipelines' re-computation mode ('always', as the paper's Table 1). Rows
+of another schedule than GPipe's name it ('pipeline-2 1f1b'). The loss
+is mean(output ** 2): a Transformer's last vec, AmoebaNet-D's logits.
 
 Families: --model=transformer grows the number of bench/gpipe Transformer
 encoder layers (d=128, ff=512, 4 heads, seq 64, batch 32); --model=
@@ -72,13 +84,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from lingvo_pipe.core import local_workers  # noqa: E402
+from lingvo_pipe.core import schedule as schedule_lib  # noqa: E402
 
 SETUPS = {'naive': 'naive', '1': 'pipeline-1', '2': 'pipeline-2',
           '4': 'pipeline-4'}
@@ -101,30 +114,41 @@ def _Describe(model: str) -> str:
           f'images, batch {_AMOEBA_BATCH}, float32')
 
 
-def _SizeStep(model: str, k: int) -> int:
-  """Sizes are multiples of this: K equal partitions of layers, or D."""
-  return k if model == 'transformer' else _AMOEBA_STEP
+def _SizeStep(model: str, stages: int) -> int:
+  """Sizes are multiples of this: K x V equal stages of layers, or D."""
+  return stages if model == 'transformer' else _AMOEBA_STEP
+
+
+def _Label(setup: str, args: argparse.Namespace) -> str:
+  """The row's name: pipeline-K, with the schedule when not GPipe's."""
+  if setup == 'naive' or args.schedule == 'gpipe':
+    return SETUPS[setup]
+  virtual = (f' V={args.num_virtual_stages}'
+             if args.num_virtual_stages > 1 else '')
+  return f'{SETUPS[setup]} {args.schedule}{virtual}'
+
 
 
 # ---- one probe (a client subprocess with its own servers) ------------------
 
 
-def _Build(model: str, size: int, k: int, m: int, devices: List[str]):
-  """(layer, inputs, forward fn) of one set-up; k == 0 means naive."""
+def _Build(args: argparse.Namespace,
+           devices: List[str]) -> Tuple[Any, Any]:
+  """(layer, inputs) of one set-up of --model; --k=0 means naive."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import layers  # pylint: disable=g-import-not-at-top
-  if model == 'transformer':
+  k, m = args.k, args.m
+  if args.model == 'transformer':
     import stack as stack_lib  # pylint: disable=g-import-not-at-top
-    stack = stack_lib.Stack(num_layers=size, **_TRANSFORMER)
+    stack = stack_lib.Stack(num_layers=args.size, **_TRANSFORMER)
     setup = (stack_lib.Setup('plain') if k == 0 else
-             stack_lib.Setup('pipe', k, m, 'always'))
-    layer = stack_lib.BuildModel(stack, setup, devices)
-    return layer, stack_lib.Inputs(stack), lambda x: layer.FPropDefaultTheta(
-        x).vec
+             stack_lib.Setup('pipe', k, m, args.recompute, args.schedule,
+                             args.num_virtual_stages))
+    return (stack_lib.BuildModel(stack, setup, devices),
+            stack_lib.Inputs(stack))
   from lingvo_pipe.tasks.image import amoebanet  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tasks.image import model as model_lib  # pylint: disable=g-import-not-at-top
-  layer_ps = amoebanet.AmoebaNetD(num_cells=_AMOEBA_CELLS, filters=size,
+  layer_ps = amoebanet.AmoebaNetD(num_cells=_AMOEBA_CELLS, filters=args.size,
                                   num_classes=10, stem='cifar')
   if k == 0:
     with tf.device(devices[0]):
@@ -133,26 +157,38 @@ def _Build(model: str, size: int, k: int, m: int, devices: List[str]):
   else:
     p = model_lib.GPipeNetworkParams(
         layer_ps, k, m,
-        tf.TensorShape([_AMOEBA_BATCH // m, _AMOEBA_IMAGE, _AMOEBA_IMAGE, 3]))
+        tf.TensorShape([_AMOEBA_BATCH // m, _AMOEBA_IMAGE, _AMOEBA_IMAGE, 3]),
+        recompute=args.recompute, schedule=args.schedule,
+        num_virtual_stages=args.num_virtual_stages)
     layer = p.Set(name='amoebanet', devices=devices[:k]).Instantiate()
-    assert isinstance(layer, gpipe.PipeliningLayer)
   layer.SetTraining(True)
   inputs = tf.random.stateless_normal(
       [_AMOEBA_BATCH, _AMOEBA_IMAGE, _AMOEBA_IMAGE, 3], [1, 2])
-  return layer, inputs, layer.FPropDefaultTheta
+  return layer, inputs
 
 
-def _Probe(args: argparse.Namespace) -> dict:
-  """Per server: params, param and activation MiB (module docstring)."""
+def Probe(num_workers: int,
+          build: Callable[[List[str]], Tuple[Any, Any]]) -> dict:
+  """Per server: params, param and activation MiB (module docstring).
+
+  Starts `num_workers` servers, `build(device names)` -> (layer, inputs)
+  makes the model there, and one step is the trainer's: loss =
+  bench/gpipe's `MeanSquareLoss` (a PipeliningLayer in one pass,
+  FPropWithLoss, in its schedule's order; any other layer on the first
+  device), every gradient, an Adam update. Call it in a fresh process:
+  the allocator's peaks are the servers' whole life.
+  """
   import proc  # pylint: disable=g-import-not-at-top  (bench/gpipe)
-  k = max(args.k, 1)
   with tempfile.TemporaryDirectory(prefix='table1_') as logs, \
       local_workers.LocalWorkers(
-          k, logs, env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'}) as workers:
+          num_workers, logs,
+          env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'}) as workers:
     from lingvo_pipe.core import quiet  # pylint: disable=g-import-not-at-top
     tf = quiet.ImportTensorFlow()
     from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
+    from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
     from lingvo_pipe.core import optimizer  # pylint: disable=g-import-not-at-top
+    import stack as stack_lib  # pylint: disable=g-import-not-at-top
     devices = cluster.Connect(cluster.ParseClusterSpec(workers.spec))
     pids = workers.pids
 
@@ -160,19 +196,20 @@ def _Probe(args: argparse.Namespace) -> dict:
       return [r['CPU:0']['current'] for r in workers.ReadMemory()]
 
     idle = Held()
-    layer, inputs, forward = _Build(args.model, args.size, args.k, args.m,
-                                    devices)
+    layer, inputs = build(devices)
     variables = layer.vars.Flatten()
     adam = optimizer.Adam.Params().Set(name='adam').Instantiate()
     adam.CreateSlots(variables)
     built = Held()
     built_rss = [proc.StatusKiB('VmRSS', pid) for pid in pids]
-    scope = devices[0] if args.k == 0 else None
+    # A pipeline places its own ops; the plain model runs on device 0.
+    scope = (None if isinstance(layer, gpipe.PipeliningLayer)
+             else devices[0])
 
     def Step(x):
       with tf.device(scope):
         with tf.GradientTape() as tape:
-          loss = tf.reduce_mean(tf.square(forward(x)))
+          loss = stack_lib.MeanSquareLoss(layer, x)
         grads = tape.gradient(loss, variables)
         with tf.control_dependencies(adam.Apply(1e-4, zip(grads, variables))):
           return tf.identity(loss)
@@ -184,10 +221,10 @@ def _Probe(args: argparse.Namespace) -> dict:
     loss = float(step(inputs))
     peak = [r['CPU:0']['peak'] for r in workers.ReadMemory()]
     if not math.isfinite(loss):
-      raise SystemExit(f'probe {args.model} size {args.size}: loss {loss}')
-    params, exact = [0] * k, [0] * k
+      raise SystemExit(f'probe: loss {loss}')
+    params, exact = [0] * num_workers, [0] * num_workers
     task_of = {tf.DeviceSpec.from_string(d).task: i
-               for i, d in enumerate(devices[:k])}
+               for i, d in enumerate(devices[:num_workers])}
     trainable = {id(v) for v in variables}
     for var in variables + list(adam.SlotVariables().values()):
       task = task_of.get(tf.DeviceSpec.from_string(var.device).task)
@@ -201,24 +238,45 @@ def _Probe(args: argparse.Namespace) -> dict:
   return {'params': params, 'exact_param_mib': [mib(e) for e in exact],
           'param_mib': [mib(b - i) for b, i in zip(built, idle)],
           'activation_mib': [mib(p - b) for p, b in zip(peak, base)],
+          'base_mib': [mib(b) for b in base],
+          'peak_mib': [mib(p) for p in peak],
           'runtime_mib': [(w - b) / 1024 for w, b in zip(warm_rss, built_rss)],
           'loss': loss}
 
 
-def _RunProbe(model: str, size: int, k: int, m: int,
-              timeout: float) -> dict:
-  """One probe in a fresh client process; k == 0 is naive."""
-  command = [sys.executable, os.path.abspath(__file__), '--probe',
-             f'--model={model}', f'--size={size}', f'--k={k}', f'--m={m}']
+def PrintProbe(record: dict) -> None:
+  """A probe process's last line: its record, for RunProbe."""
+  print(json.dumps(record), flush=True)
+  # The servers are gone: skip TF's teardown, which would try to remove
+  # the step's functions from them and complain on stderr.
+  os._exit(0)
+
+
+def RunProbe(command: List[str], what: str, timeout: float) -> dict:
+  """Runs a probe process (`command`, ending with PrintProbe) afresh.
+
+  Its record, plus device_mib = param + activation per server.
+  """
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   child = subprocess.run(command, capture_output=True, text=True,
                          timeout=timeout, env=env)
   if child.returncode:
-    raise SystemExit(f'probe {model} size {size} K={k} M={m} failed:\n'
-                     f'{child.stderr[-3000:]}')
+    raise SystemExit(f'probe {what} failed:\n{child.stderr[-3000:]}')
   rec = json.loads(child.stdout.strip().splitlines()[-1])
   rec['device_mib'] = [p + a for p, a in zip(rec['param_mib'],
                                              rec['activation_mib'])]
+  return rec
+
+
+def _RunProbe(args: argparse.Namespace, size: int, k: int, m: int) -> dict:
+  """One probe of --model at `size` in a fresh client; k == 0 is naive."""
+  command = [sys.executable, os.path.abspath(__file__), '--probe',
+             f'--model={args.model}', f'--size={size}', f'--k={k}',
+             f'--m={m}', f'--schedule={args.schedule}',
+             f'--num_virtual_stages={args.num_virtual_stages}',
+             f'--recompute={args.recompute}']
+  rec = RunProbe(command, f'{args.model} size {size} K={k} M={m}',
+                 args.timeout)
   rec['size'] = size
   return rec
 
@@ -280,18 +338,20 @@ def _Search(args: argparse.Namespace, setup: str,
             log: Callable[[str], None]) -> dict:
   k = 0 if setup == 'naive' else int(setup)
   m = 1 if setup == 'naive' else args.m
-  step = _SizeStep(args.model, max(k, 1))
+  label = _Label(setup, args)
+  step = _SizeStep(args.model,
+                   1 if k == 0 else k * args.num_virtual_stages)
   start = step * math.ceil(args.start / step)
   records: Dict[int, dict] = {}
 
   def Fits(size: int) -> Tuple[bool, float]:
     begin = time.perf_counter()
-    runs = sorted((_RunProbe(args.model, size, k, m, args.timeout)
+    runs = sorted((_RunProbe(args, size, k, m)
                    for _ in range(args.repeats)),
                   key=lambda r: max(r['device_mib']))
     rec = records[size] = runs[(len(runs) - 1) // 2]
     worst = max(rec['device_mib'])
-    log(f'  {SETUPS[setup]} size {size}: device MiB ' + ', '.join(
+    log(f'  {label} size {size}: device MiB ' + ', '.join(
         f'{d:.0f}' for d in rec['device_mib']) +
         (' (median of ' + ', '.join(f'{max(r["device_mib"]):.0f}'
                                     for r in runs) + ')'
@@ -301,7 +361,7 @@ def _Search(args: argparse.Namespace, setup: str,
     return worst <= args.budget_mib, worst
 
   lo, hi, tried = Largest(Fits, start, step, args.budget_mib)
-  return {'setup': SETUPS[setup], 'k': k, 'm': m, 'largest': lo,
+  return {'setup': label, 'k': k, 'm': m, 'largest': lo,
           'next_over': hi, 'record': records.get(lo), 'tried': tried}
 
 
@@ -327,13 +387,19 @@ def _Table(results: List[dict], args: argparse.Namespace) -> str:
            'worst | probes |',
            '|---|---|---|---|---|---|---|---|']
   lines += [_Row(res) for res in results]
-  naive = next((r for r in results if r['setup'] == 'naive'), None)
+  naive = next((r for r in results if r['k'] == 0), None)
   if naive and naive['record']:
     base = sum(naive['record']['params'])
     ratios = [f'{r["setup"]} {sum(r["record"]["params"]) / base:.1f}x'
               for r in results if r['record'] and r is not naive]
     lines += ['', 'Parameters against naive: ' + ', '.join(ratios) + '.']
   return '\n'.join(lines)
+
+
+def _ScheduleText(args: argparse.Namespace) -> str:
+  if args.schedule == 'interleaved_1f1b':
+    return f'schedule {args.schedule} V={args.num_virtual_stages}'
+  return f'schedule {args.schedule}'
 
 
 def _Args() -> argparse.Namespace:
@@ -346,6 +412,14 @@ def _Args() -> argparse.Namespace:
                       help='micro-batches of the pipeline set-ups')
   parser.add_argument('--setups', default='naive,1,2,4',
                       help='of naive, 1, 2, 4 (pipeline-K)')
+  parser.add_argument('--schedule', default='gpipe',
+                      choices=schedule_lib.SCHEDULES,
+                      help='schedule of the pipeline set-ups')
+  parser.add_argument('--num_virtual_stages', type=int, default=1,
+                      help='V stages per device (interleaved_1f1b)')
+  parser.add_argument('--recompute', default='always',
+                      choices=['always', 'except_last', 'never'],
+                      help='re-computation of the pipeline set-ups')
   parser.add_argument('--start', type=int, default=4,
                       help='smallest size tried (layers or filters)')
   parser.add_argument('--timeout', type=float, default=1800,
@@ -365,21 +439,23 @@ def _Args() -> argparse.Namespace:
     parser.error('--budget_mib must be positive and --m at least 1.')
   if args.repeats < 1:
     parser.error(f'--repeats={args.repeats}: give at least 1.')
+  if args.num_virtual_stages < 1 or (
+      args.num_virtual_stages > 1 and args.schedule != 'interleaved_1f1b'):
+    parser.error(f'--num_virtual_stages={args.num_virtual_stages}: more '
+                 'than 1 needs --schedule=interleaved_1f1b.')
   return args
 
 
 def main() -> None:
   args = _Args()
   if args.probe:
-    print(json.dumps(_Probe(args)), flush=True)
-    # The servers are gone: skip TF's teardown, which would try to remove
-    # the step's functions from them and complain on stderr.
-    os._exit(0)
+    PrintProbe(Probe(max(args.k, 1), lambda devices: _Build(args, devices)))
   print(f'$ {" ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}\n'
         f'{time.strftime("%Y-%m-%d %H:%M")} UTC, nproc {os.cpu_count()}, '
         f'load {os.getloadavg()[0]:.2f}\nModel: {_Describe(args.model)}; '
         f'budget {args.budget_mib:g} MiB per device; pipelines M={args.m}, '
-        're-computation always; Adam.', flush=True)
+        f'{_ScheduleText(args)}, re-computation {args.recompute}; Adam.',
+        flush=True)
   results = []
   for setup in args.setups.split(','):
     results.append(_Search(args, setup, lambda s: print(s, flush=True)))
