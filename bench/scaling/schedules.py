@@ -2,6 +2,8 @@
 
   .venv/bin/python bench/scaling/schedules.py [--what=all|throughput|startup]
       [--rounds=10] [--modes=never,always] [--json_out=FILE]
+  .venv/bin/python bench/scaling/schedules.py --what=pictures
+      [--pictures=docs/schedules]
 
 throughput: two `tf.distribute.Server` workers on 127.0.0.1, worker i
 pinned to core i, fresh for each recompute mode; one client
@@ -21,11 +23,16 @@ takes its B and W as one backward each: 2/3 and 1/3 of it). Each
 configuration's bubble is measured too (step_trace, one traced step)
 beside the ideal bubble of its order.
 
-startup: K=8 M=32, every schedule (interleaved with V=2), a stack of 16
-layers d=64 (so that 16 stages exist), K logical CPUs in one process per
-measurement (`startup.py`), --startup_repeats measurements, medians.
+startup: K=8 M=32, K logical CPUs in one process per measurement
+(`startup.py`), --startup_repeats measurements, medians: the start-up
+stack (8 layers d=64) with one stage per device for GPipe, 1F1B and
+ZB-H1; 16 layers for interleaved 1F1B (V=2: 16 stages), GPipe beside it.
 
-Targets (docs/DESIGN.md section 2 and 34): 1F1B K=2 M=8 reaches at least
+pictures: the measured timeline (step_trace) of one training step of each
+schedule on the two pinned workers, K=2 M=8 recompute 'never' (interleaved
+with V=2), written as <schedule>.svg and .json into --pictures.
+
+Targets (docs/DESIGN.md sections 2 and 36): 1F1B K=2 M=8 reaches at least
 0.9 of GPipe's ideal; interleaved K=2 V=2 M=4 beats GPipe K=2 M=4 by at
 least half of what the two ideals predict; K=8 M=32 first step at most
 10 s for every schedule.
@@ -39,10 +46,11 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
@@ -162,45 +170,106 @@ def Targets(med: Dict[Setup, float], base: float) -> List[str]:
   return lines
 
 
+def StartupRuns(modes: Sequence[str]) -> List[Tuple[int, Setup]]:
+  """(layers, setup): the 8-layer stack at K=8 for one stage per device;
+  16 layers where interleaving needs K x V = 16 stages (GPipe beside it)."""
+  runs = []
+  for mode in modes:
+    runs += [(8, Setup('pipe', 8, 32, mode, s)) for s in ('gpipe', '1f1b')]
+    if mode == 'never':
+      runs.append((8, Setup('pipe', 8, 32, mode, 'zb_h1')))
+    runs += [(16, Setup('pipe', 8, 32, mode, 'gpipe')),
+             (16, Setup('pipe', 8, 32, mode, 'interleaved_1f1b', 2))]
+  return runs
+
+
 def MeasureStartup(args: argparse.Namespace) -> Dict[str, dict]:
-  stack = stack_lib.Stack(num_layers=16, model_dim=64, hidden_dim=256)
-  setups = [Setup('pipe', 8, 32, mode, s, v) for mode in args.modes.split(',')
-            for s, v in (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2))]
-  runs: Dict[Setup, List[float]] = {s: [] for s in setups}
-  for setup in stack_lib.Rotations(setups, args.startup_repeats):
+  runs = StartupRuns(args.modes.split(','))
+  times: Dict[int, List[float]] = {i: [] for i in range(len(runs))}
+  for i in stack_lib.Rotations(list(range(len(runs))), args.startup_repeats):
+    layers, setup = runs[i]
+    stack = stack_lib.Stack(num_layers=layers, model_dim=64, hidden_dim=256)
     r = scaling._RunChild(  # pylint: disable=protected-access
         'startup.py', [f'--stack={json.dumps(dataclasses.asdict(stack))}',
                        '--steps=1', f'--setup={setup.ToText()}'],
         args.timeout)
-    runs[setup].append(r['first_step'])
-    print(f'  {setup.label}: first step {r["first_step"]:.1f} s, '
-          f'{r["ops"]} ops', flush=True)
-  return {s.ToText(): {'first_step_runs': t} for s, t in runs.items()}
+    times[i].append(r['first_step'])
+    print(f'  {layers} layers, {setup.label}: first step '
+          f'{r["first_step"]:.1f} s, {r["ops"]} ops', flush=True)
+  return {f'{layers}:{setup.ToText()}': {'first_step_runs': times[i]}
+          for i, (layers, setup) in enumerate(runs)}
 
 
 def StartupTable(results: Dict[str, dict]) -> str:
   lines = ['### Start-up, K=8 M=32', '',
-           '16 Transformer layers d=64, ff=256; K logical CPUs in one '
+           'Transformer layers d=64, ff=256; K logical CPUs in one '
            'process per measurement.', '',
-           '| schedule | V | recompute | first step s (median) | each run |',
-           '|---|---|---|---|---|']
+           '| layers | schedule | V | recompute | first step s (median) '
+           '| each run |', '|---|---|---|---|---|---|']
   worst = 0.0
-  for text, r in results.items():
+  for key, r in results.items():
+    layers, text = key.split(':')
     s = Setup.FromText(text)
     med = statistics.median(r['first_step_runs'])
     worst = max(worst, med)
-    lines.append(f'| {s.schedule} | {s.v} | {s.recompute} | {med:.1f} | '
-                 + ', '.join(f'{t:.1f}' for t in r['first_step_runs']) + ' |')
+    lines.append(f'| {layers} | {s.schedule} | {s.v} | {s.recompute} | '
+                 f'{med:.1f} | ' +
+                 ', '.join(f'{t:.1f}' for t in r['first_step_runs']) + ' |')
   lines += ['', f'- slowest median {worst:.1f} s (target <= '
             f'{FIRST_STEP_TARGET:.0f} s: '
             f'{"ok" if worst <= FIRST_STEP_TARGET else "MISS"})']
   return '\n'.join(lines)
 
 
+PICTURES = [Setup('pipe', 2, 8, 'never', s, v) for s, v in (
+    ('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2), ('zb_h1', 1))]
+
+
+def PicturesClient(spec: str, directory: str) -> None:
+  """In a child process (it connects to the workers): one measured step
+  of each of PICTURES, written into `directory`."""
+  from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import step_trace  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  devices = cluster.Connect(cluster.ParseClusterSpec(spec))
+  stack = stack_lib.Stack()
+  inputs = stack_lib.Inputs(stack)
+  for setup in PICTURES:
+    layer = stack_lib.BuildModel(stack, setup, devices)
+    variables = layer.vars.Flatten()
+
+    def Step(x, layer=layer, variables=variables):
+      with tf.GradientTape() as tape:
+        loss = stack_lib.MeanSquareLoss(layer, x)
+      return loss, tape.gradient(loss, variables)
+
+    trace = step_trace.Measure(Step, inputs, warmup=3)
+    trace.Write(os.path.join(directory, setup.schedule))
+    print(trace.Summary().splitlines()[0], flush=True)
+
+
+def Pictures(args: argparse.Namespace) -> None:
+  os.makedirs(args.pictures, exist_ok=True)
+  with tempfile.TemporaryDirectory(prefix='schedules_servers_') as logs:
+    with local_workers.LocalWorkers(2, logs) as workers:
+      out = subprocess.run(
+          [sys.executable, os.path.abspath(__file__), '--pictures_client',
+           f'--cluster_spec={workers.spec}', f'--pictures={args.pictures}'],
+          capture_output=True, text=True, timeout=args.timeout)
+  if out.returncode:
+    raise SystemExit(f'pictures failed:\n{out.stderr[-3000:]}')
+  print(out.stdout, end='')
+
+
 def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--what', default='all',
-                      choices=('all', 'throughput', 'startup'))
+                      choices=('all', 'throughput', 'startup', 'pictures'))
+  parser.add_argument('--pictures', default='docs/schedules',
+                      help='Directory of the measured timelines.')
+  parser.add_argument('--pictures_client', action='store_true',
+                      help=argparse.SUPPRESS)
+  parser.add_argument('--cluster_spec', default='', help=argparse.SUPPRESS)
   parser.add_argument('--rounds', type=int, default=10)
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--modes', default='never,always')
@@ -213,6 +282,12 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str]) -> None:
   signal.signal(signal.SIGTERM, scaling._Terminate)  # pylint: disable=protected-access
   args = _Args(argv)
+  if args.pictures_client:
+    PicturesClient(args.cluster_spec, args.pictures)
+    return
+  if args.what == 'pictures':
+    Pictures(args)
+    return
   args.bubbles = True  # throughput.py measures each bubble too
   header = scaling._Header()  # pylint: disable=protected-access
   print(header, flush=True)

@@ -478,10 +478,13 @@ def _Svg(trace: StepTrace) -> str:
     out.append(f'<text x="{x:.2f}" y="{axis_y + 18}" text-anchor="middle">'
                f'{tick:g}</text>')
     tick += step
+  split = any(t.phase == 'W' for t in trace.tasks)
+  colours = ('blue forward, orange input gradient (B), green weight '
+             'gradient (W)' if split else 'blue forward, orange backward, '
+             'light orange its re-computation')
   out.append(f'<text x="{_LEFT + _WIDTH / 2}" y="{axis_y + 36}" '
              'text-anchor="middle">ms from the first task\'s start; '
-             'blue forward, orange backward, light orange its '
-             're-computation, grey idle</text>')
+             f'{colours}, grey idle</text>')
   out.append('</svg>')
   return '\n'.join(out) + '\n'
 
