@@ -39,6 +39,7 @@ from lingvo_pipe.core import gpipe
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import layers
 from lingvo_pipe.core import optimizer
+from lingvo_pipe.core import schedule
 from lingvo_pipe.core import transformer_layers
 from lingvo_pipe.core.nested_map import NestedMap
 
@@ -126,6 +127,22 @@ def Inputs(stack: Stack) -> NestedMap:
   shape = [stack.batch, stack.seq_len, stack.model_dim]
   return NestedMap(vec=tf.random.stateless_normal(shape, [1, 2]),
                    paddings=tf.zeros(shape[:2]))
+
+
+def Ideal(setup: Setup) -> float:
+  """The setup's throughput against one device, from its schedule's table
+  with equal stages: forward 1, backward 2 (B and W 1 each when split),
+  free hand-offs (schedule.Simulate). GPipe and 1F1B: K M / (M + K - 1)."""
+  if setup.kind != 'pipe':
+    return 1.0
+  table = schedule.Make(setup.schedule, setup.k, setup.m, setup.v)
+  stages = setup.k * setup.v
+  forward = [1.0 / (stages * setup.m)] * stages
+  if table.split_backward:
+    sim = schedule.Simulate(table, forward, forward, weight_s=forward)
+  else:
+    sim = schedule.Simulate(table, forward, [2 * f for f in forward])
+  return 3.0 / sim.step
 
 
 def _Vec(out: Any) -> tf.Tensor:

@@ -229,7 +229,7 @@ def _Part1Table(res: Dict[str, dict]) -> str:
   for config in PART1:
     label = _Label(config)
     r, k, m = config
-    ideal = r * k * m / (m + k - 1)
+    ideal = r * stack_lib.Ideal(stack_lib.Setup('pipe', k, m))
     t = _Med(res[label])
     cpu = ', '.join(f'{c:.2f}' for c in res[label]['worker_cpu'])
     lines.append(f'| {label} | {t:.3f} | {base8 / t:.2f} | {ideal:.2f} | '

@@ -153,7 +153,7 @@ def MeasureThroughput(stack: stack_lib.Stack, ks: Sequence[int],
 
 
 def _Ideal(k: int, m: int) -> float:
-  return k * m / (m + k - 1)
+  return stack_lib.Ideal(Setup('pipe', k, m))
 
 
 def ThroughputTable(stack: stack_lib.Stack, mode: str,

@@ -57,7 +57,6 @@ sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from lingvo_pipe.core import local_workers  # noqa: E402
-from lingvo_pipe.core import schedule  # noqa: E402
 
 import run as scaling  # noqa: E402  (bench/scaling/run.py)
 import stack as stack_lib  # noqa: E402  (bench/gpipe)
@@ -78,16 +77,7 @@ def ThroughputSetups(mode: str) -> List[Setup]:
           [Setup('pipe', 2, 32, mode, s) for s in ('gpipe', '1f1b')])
 
 
-def Ideal(setup: Setup) -> float:
-  """Throughput of the setup's table against one device, unit costs."""
-  table = schedule.Make(setup.schedule, setup.k, setup.m, setup.v)
-  stages = setup.k * setup.v
-  forward = [1.0 / (stages * setup.m)] * stages
-  if table.split_backward:  # B and W, one forward's worth each
-    sim = schedule.Simulate(table, forward, forward, weight_s=forward)
-  else:
-    sim = schedule.Simulate(table, forward, [2 * f for f in forward])
-  return 3.0 / sim.step
+Ideal = stack_lib.Ideal
 
 
 def MeasureThroughput(stack: stack_lib.Stack, modes: Sequence[str],

@@ -64,11 +64,8 @@ def _Schedules(k: int, schedules: List[str]) -> List[str]:
 def _Ideal(k: int, m: int, schedule: str) -> float:
   """The table's throughput against one device, equal stages (normalised
   by the caller)."""
-  from lingvo_pipe.core import schedule as schedule_lib  # pylint: disable=g-import-not-at-top
-  table = schedule_lib.Make(schedule, k, m)
-  forward = 1.0 / (k * m)
-  return 3.0 / schedule_lib.Simulate(table, [forward] * k,
-                                     [2 * forward] * k).step
+  import stack as stack_lib  # pylint: disable=g-import-not-at-top
+  return stack_lib.Ideal(stack_lib.Setup('pipe', k, m, None, schedule))
 
 
 # ---- the client (a subprocess) ---------------------------------------------
