@@ -52,15 +52,18 @@ class NoFeasibleSplit(ValueError):
 
 
 def MinMaxPartition(costs: Sequence[float], num_partitions: int,
-                    fits: Optional[Callable[[int, int], bool]] = None
+                    fits: Optional[Callable[[int, int], bool]] = None,
+                    part_fits: Optional[Callable[[int, int, int], bool]] = None
                     ) -> List[int]:
   """Boundaries of the contiguous split minimising the largest part cost.
 
   Returns [0 = b_0 < b_1 < ... < b_K = n]: part k is costs[b_k:b_{k+1}],
   never empty. With `fits`, only parts costs[s:e] with fits(s, e) true are
-  allowed (e.g. a part's memory under a budget); raises NoFeasibleSplit if
-  no split of K parts has every part fitting. Exact, by dynamic
-  programming over suffixes:
+  allowed (e.g. a part's memory under a budget); `part_fits(k, s, e)` is
+  the same told the part's index k (a pipeline stage's memory depends on
+  its place in the schedule). Raises NoFeasibleSplit if no split of K
+  parts has every part fitting. Exact, by dynamic programming over
+  suffixes (the part starting at s with p parts left is part K - p):
 
     best[p][s] = least possible max part cost of splitting costs[s:] into
                  p non-empty contiguous parts (that fit)
@@ -88,7 +91,9 @@ def MinMaxPartition(costs: Sequence[float], num_partitions: int,
     raise ValueError(
         f'MinMaxPartition: num_partitions={num_partitions} must be in '
         f'[1, {n}] for {n} costs.')
-  fits = fits or (lambda s, e: True)
+  if part_fits is None:
+    part_fits = (lambda k, s, e: True) if fits is None else (
+        lambda k, s, e: fits(s, e))
   best = [[math.inf] * n + [0]]
   for p in range(1, num_partitions + 1):
     row = [math.inf] * (n + 1)
@@ -98,7 +103,7 @@ def MinMaxPartition(costs: Sequence[float], num_partitions: int,
         run += costs[e - 1]
         if run >= row[s]:
           break
-        if fits(s, e):
+        if part_fits(num_partitions - p, s, e):
           row[s] = min(row[s], max(run, best[p - 1][e]))
     best.append(row)
   target = best[num_partitions][0]
@@ -111,7 +116,8 @@ def MinMaxPartition(costs: Sequence[float], num_partitions: int,
     s, run = bounds[-1], 0
     for e in range(s + 1, n - p + 2):
       run += costs[e - 1]
-      if run <= target and best[p - 1][e] <= target and fits(s, e):
+      if (run <= target and best[p - 1][e] <= target and
+          part_fits(num_partitions - p, s, e)):
         bounds.append(e)
         break
   return bounds

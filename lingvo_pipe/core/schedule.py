@@ -209,25 +209,22 @@ def ZeroBubbleH1(num_devices: int, num_micro_batches: int) -> Schedule:
   F and W; with F, B and W of one cost each the bubble is
   (K-1)/(3M+K-1), against 1F1B's (K-1)/(M+K-1).
   """
-  _Check(num_devices, num_micro_batches, 1)
-  k, m_total = num_devices, num_micro_batches
+  one_f = OneFOneB(num_devices, num_micro_batches)
   order = []
-  for d in range(k):
-    warmup = min(k - 1 - d, m_total)
-    row = [Action('F', d, m) for m in range(warmup)]
+  for d, row in enumerate(one_f.order):
+    forwards_left = sum(a.phase == 'F' for a in row)
     waiting: List[int] = []
-    for i in range(m_total - warmup):
-      row += [Action('F', d, warmup + i), Action('B', d, i)]
-      waiting.append(i)
-      if len(waiting) > d:
-        row.append(Action('W', d, waiting.pop(0)))
-    for i in range(m_total - warmup, m_total):
-      row.append(Action('B', d, i))
-      waiting.append(i)
-      row.append(Action('W', d, waiting.pop(0)))
-    row += [Action('W', d, m) for m in waiting]
-    order.append(tuple(row))
-  return Schedule('zb_h1', m_total, LoopedStageDevices(k), tuple(order))
+    out = []
+    for a in row:
+      out.append(a)
+      forwards_left -= a.phase == 'F'
+      if a.phase == 'B':
+        waiting.append(a.micro_batch)
+        if len(waiting) > d or not forwards_left:
+          out.append(Action('W', d, waiting.pop(0)))
+    order.append(tuple(out + [Action('W', d, m) for m in waiting]))
+  return Schedule('zb_h1', num_micro_batches, one_f.stage_devices,
+                  tuple(order))
 
 
 def Make(name: str, num_devices: int, num_micro_batches: int,

@@ -20,7 +20,6 @@ split bounds each stage, and the planner checks the devices after
 from __future__ import annotations
 
 import functools
-import math
 from typing import Callable, List, Optional, Sequence
 
 from lingvo_pipe.core import partitioner
@@ -40,39 +39,10 @@ def LayerCosts(profiles: Sequence[Profile], recompute: str) -> List[float]:
 
 def MinMaxSplit(costs: Sequence[float], num_parts: int,
                 fits: Callable[[int, int, int], bool]) -> List[int]:
-  """partitioner.MinMaxPartition, with `fits(k, s, e)` told the index k of
+  """partitioner.MinMaxPartition with `fits(k, s, e)` told the index k of
   the part costs[s:e]: a stage's memory depends on its place in the
-  table (1F1B's stage k holds K - k micro-batches). The DP over suffixes
-  gives the part starting at s with p parts left the index K - p; same
-  recurrence, same left-to-right tie rule."""
-  n = len(costs)
-  best = [[math.inf] * n + [0]]
-  for p in range(1, num_parts + 1):
-    row = [math.inf] * (n + 1)
-    for s in range(n - p + 1):
-      run = 0
-      for e in range(s + 1, n - p + 2):
-        run += costs[e - 1]
-        if run >= row[s]:
-          break
-        if fits(num_parts - p, s, e):
-          row[s] = min(row[s], max(run, best[p - 1][e]))
-    best.append(row)
-  target = best[num_parts][0]
-  if target == math.inf:
-    raise partitioner.NoFeasibleSplit(
-        f'no split into {num_parts} parts has every part fitting; use more '
-        'parts or relax the constraint.')
-  bounds = [0]
-  for p in range(num_parts, 0, -1):
-    s, run = bounds[-1], 0
-    for e in range(s + 1, n - p + 2):
-      run += costs[e - 1]
-      if (run <= target and best[p - 1][e] <= target and
-          fits(num_parts - p, s, e)):
-        bounds.append(e)
-        break
-  return bounds
+  table (1F1B's stage k holds K - k micro-batches)."""
+  return partitioner.MinMaxPartition(costs, num_parts, part_fits=fits)
 
 
 def _StagePeaks(profiles: Sequence[Profile], num_partitions: int, m: int,
