@@ -150,15 +150,23 @@ def OneFOneB(num_devices: int, num_micro_batches: int) -> Schedule:
   """
   _Check(num_devices, num_micro_batches, 1)
   k, m_total = num_devices, num_micro_batches
-  order = []
-  for d in range(k):
-    warmup = min(k - 1 - d, m_total)
-    row = [Action('F', d, m) for m in range(warmup)]
-    for i in range(m_total - warmup):
-      row += [Action('F', d, warmup + i), Action('B', d, i)]
-    row += [Action('B', d, m) for m in range(m_total - warmup, m_total)]
-    order.append(tuple(row))
-  return Schedule('1f1b', m_total, LoopedStageDevices(k), tuple(order))
+  order = tuple(
+      _WarmUpThenAlternate([Action('F', d, m) for m in range(m_total)],
+                           [Action('B', d, m) for m in range(m_total)],
+                           k - 1 - d)
+      for d in range(k))
+  return Schedule('1f1b', m_total, LoopedStageDevices(k), order)
+
+
+def _WarmUpThenAlternate(forwards: List[Action], backwards: List[Action],
+                         warmup: int) -> Tuple[Action, ...]:
+  """`warmup` forwards (at most all), then one forward and one backward
+  in turn, then the backwards left: one device's row of a 1F1B table."""
+  warmup = min(warmup, len(forwards))
+  row = forwards[:warmup]
+  for f, b in zip(forwards[warmup:], backwards):
+    row += [f, b]
+  return tuple(row + backwards[len(forwards) - warmup:])
 
 
 def Interleaved1F1B(num_devices: int, num_micro_batches: int,
@@ -186,16 +194,13 @@ def Interleaved1F1B(num_devices: int, num_micro_batches: int,
     return Action(phase, chunk * k + d, group * k + within % k)
 
   total = m_total * v
-  order = []
-  for d in range(k):
-    warmup = min(2 * (k - 1 - d) + (v - 1) * k, total)
-    row = [Nth(i, 'F', d) for i in range(warmup)]
-    for i in range(total - warmup):
-      row += [Nth(warmup + i, 'F', d), Nth(i, 'B', d)]
-    row += [Nth(i, 'B', d) for i in range(total - warmup, total)]
-    order.append(tuple(row))
+  order = tuple(
+      _WarmUpThenAlternate([Nth(i, 'F', d) for i in range(total)],
+                           [Nth(i, 'B', d) for i in range(total)],
+                           2 * (k - 1 - d) + (v - 1) * k)
+      for d in range(k))
   return Schedule('interleaved_1f1b', m_total, LoopedStageDevices(k, v),
-                  tuple(order))
+                  order)
 
 
 def ZeroBubbleH1(num_devices: int, num_micro_batches: int) -> Schedule:
