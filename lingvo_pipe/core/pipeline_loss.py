@@ -13,7 +13,8 @@ computes
 
 so the loss is sum_m l_m, the same weighted mean as the head's over the
 whole batch, and every schedule optimises the same objective. Other
-metrics are combined by weight afterwards; they have no gradient. The head
+metrics are combined by weight afterwards, as replicas' are
+(`replicas.CombineMetrics`); they have no gradient. The head
 must read its variables through `head_theta` only: a variable it reads
 directly would get no gradient (the pipeline's custom gradient says so).
 """
@@ -24,6 +25,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import tensorflow as tf
 
+from lingvo_pipe.core import replicas
 from lingvo_pipe.core import residuals
 from lingvo_pipe.core.nested_map import NestedMap
 
@@ -129,15 +131,12 @@ class LossHead:
       loss = per[0][0]
       for share, _ in per[1:]:
         loss = loss + share
-      flat = []
-      for i in range(len(self.metric_names)):
-        values = [metrics[2 * i] for _, metrics in per]
-        weights = [tf.cast(metrics[2 * i + 1], values[0].dtype)
-                   for _, metrics in per]
-        total = tf.add_n(weights)
-        flat += [tf.math.divide_no_nan(
-            tf.add_n([v * w for v, w in zip(values, weights)]), total), total]
-      total = flat[2 * self.metric_names.index('loss') + 1]
+      combined = replicas.CombineMetrics([
+          {name: (metrics[2 * i], metrics[2 * i + 1])
+           for i, name in enumerate(self.metric_names)}
+          for _, metrics in per])
+      flat = [t for name in self.metric_names for t in combined[name]]
+      total = combined['loss'][1]
       check = tf.debugging.assert_near(
           total, tf.cast(self._total_weight, total.dtype), rtol=1e-6,
           message=(f"{self._where}: the micro-batches' loss weights do not "
