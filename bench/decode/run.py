@@ -1,6 +1,6 @@
 """Decoding time per token: cached beam search against the uncached decoder.
 
-  .venv/bin/python bench/decode/run.py [--lengths=16,128] [--rounds=5]
+  .venv/bin/python -m bench.decode.run [--lengths=16,128] [--rounds=5]
       [--json_out=FILE]
 
 A TransformerMT (2 + 2 layers of Transformer-base's width: d=512, ff 2048,
@@ -34,6 +34,7 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from bench.common import cli  # noqa: E402
 from lingvo_pipe.core import quiet  # noqa: E402
 
 tf = quiet.ImportTensorFlow()
@@ -84,7 +85,8 @@ def _Time(fn) -> float:
 
 
 def Main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.splitlines()[0])
   parser.add_argument('--lengths', default='16,128')
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--json_out', default='')

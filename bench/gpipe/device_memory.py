@@ -1,6 +1,7 @@
 """Peak memory of each partition's device: one TF server process per device.
 
-  python device_memory.py --setup=pipe,2,8,always --stack='{"batch": 32}'
+  python -m bench.gpipe.device_memory --setup=pipe,2,8,always \
+      --stack='{"batch": 32}'
 
 prints one JSON line (MiB). `memory.py` measures the whole process, so
 with two logical CPUs it adds up both devices: when two backward tasks
@@ -26,8 +27,8 @@ from typing import List
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-import proc  # noqa: E402
-import stack as stack_lib  # noqa: E402
+from bench.common import proc  # noqa: E402
+from bench.common import stack as stack_lib  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))

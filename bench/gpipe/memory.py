@@ -1,6 +1,6 @@
 """Peak host memory of one configuration, in a process of its own.
 
-  python memory.py --setup=pipe,2,8,always --stack='{"batch": 32, ...}'
+  python -m bench.gpipe.memory --setup=pipe,2,8,always --stack='{"batch": 32}'
 
 prints one JSON line (MiB). Run by run.py, one process per configuration,
 with glibc's mmap threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), so
@@ -39,8 +39,8 @@ from lingvo_pipe.core import devices  # noqa: E402
 
 DEVICES = devices.SplitCpu(2)
 
-import proc  # noqa: E402
-import stack as stack_lib  # noqa: E402
+from bench.common import proc  # noqa: E402
+from bench.common import stack as stack_lib  # noqa: E402
 
 
 def Measure(stack: stack_lib.Stack, setup: stack_lib.Setup,

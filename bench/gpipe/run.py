@@ -1,16 +1,17 @@
 """GPipe benchmark: step time and peak memory of PipeliningLayer.
 
-  .venv/bin/python bench/gpipe/run.py [--what=time,memory]
+  .venv/bin/python -m bench.gpipe.run [--what=time,memory]
       [--steps=10] [--warmup=2] [--lingvo_python=/tmp/lingvo_venv/bin/python]
 
-Step time (2 logical CPUs): every configuration of `stack.py` under two
-thread settings, one `timing.py` process each (the framework's default,
-each op on cores / 2 intra-op threads, and TF's default pools); each
-builds, traces and warms up every configuration, then `--steps`
-interleaved rounds run every (setting, configuration) once, starting one
-further along each time, so a change of machine load hits all of them
-alike. Reported: median and min seconds per step, and median / median of
-the faster unpipelined row, on which the targets are judged.
+Step time (2 logical CPUs): every configuration of bench/common's
+`stack.py` under two thread settings, one `timing.py` process each (the
+framework's default, each op on cores / 2 intra-op threads, and TF's
+default pools); each builds, traces and warms up every configuration,
+then `--steps` interleaved rounds run every (setting, configuration)
+once, starting one further along each time, so a change of machine load
+hits all of them alike. Reported: median and min seconds per step, and
+median / median of the faster unpipelined row, on which the targets are
+judged.
 
 Peak memory (K=2, M in 1, 2, 4, 8, recompute 'always' and 'never'): one
 subprocess per configuration (`memory.py`, which explains the method),
@@ -33,7 +34,8 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
-import stack as stack_lib
+from bench.common import cli
+from bench.common import stack as stack_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 Setup = stack_lib.Setup
@@ -81,7 +83,7 @@ THREADS = ('shared', 'tf')  # timing.py's settings; the first is ours
 
 def _StartTiming(threads: str, stack: stack_lib.Stack,
                  setups: Sequence[Setup], warmup: int, log) -> subprocess.Popen:
-  args = [sys.executable, os.path.join(HERE, 'timing.py'),
+  args = [sys.executable, '-m', 'bench.gpipe.timing',
           f'--threads={threads}', f'--warmup={warmup}',
           f'--stack={json.dumps(vars(stack))}',
           '--setups=' + ';'.join(s.ToText() for s in setups)]
@@ -258,7 +260,7 @@ def _MemoryChild(setup: Setup, stack: stack_lib.Stack,
                  steps: int) -> subprocess.Popen:
   env = dict(os.environ, MALLOC_MMAP_THRESHOLD_='131072',
              TF_ENABLE_ONEDNN_OPTS='0', TF_CPP_MIN_LOG_LEVEL='2')
-  args = [sys.executable, os.path.join(HERE, 'memory.py'),
+  args = [sys.executable, '-m', 'bench.gpipe.memory',
           f'--setup={setup.ToText()}', f'--steps={steps}',
           f'--stack={json.dumps(vars(stack))}']
   return subprocess.Popen(args, stdout=subprocess.PIPE,
@@ -289,7 +291,7 @@ def MeasureDeviceMemory(stack: stack_lib.Stack, ms: Sequence[int],
   out = {}
   for setup in MemorySetups(ms):
     child = subprocess.run(
-        [sys.executable, os.path.join(HERE, 'device_memory.py'),
+        [sys.executable, '-m', 'bench.gpipe.device_memory',
          f'--setup={setup.ToText()}', f'--steps={steps}',
          f'--stack={json.dumps(vars(stack))}'],
         capture_output=True, text=True, env=dict(os.environ,
@@ -350,7 +352,8 @@ def MemoryTable(stack: stack_lib.Stack, results: Dict[str, dict]) -> str:
 
 
 def _Args(argv: Sequence[str]) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--what', default='time,memory',
                       help='Comma-separated: time, memory.')
   parser.add_argument('--steps', type=int, default=10,

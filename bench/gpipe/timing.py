@@ -1,6 +1,6 @@
 """One timing process of run.py: every setup under one thread setting.
 
-  python bench/gpipe/timing.py --threads=shared|tf --setups='plain,1,1,;...'
+  python -m bench.gpipe.timing --threads=shared|tf --setups='plain,1,1,;...'
       [--stack=JSON] [--warmup=2]
 
 --threads=shared: `devices.SplitCpu(2)`, the framework's default (each op
@@ -26,9 +26,8 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from bench.common import stack as stack_lib  # noqa: E402
 from lingvo_pipe.core import devices  # noqa: E402
-
-import stack as stack_lib  # noqa: E402
 
 
 def _Say(obj) -> None:

@@ -1,11 +1,11 @@
 """Peak activation memory per device of each schedule, at a fixed
 micro-batch size.
 
-  .venv/bin/python bench/memory/schedules.py [--ms=8,32]
+  .venv/bin/python -m bench.memory.run schedules [--ms=8,32]
       [--modes=never,always] [--micro_batch=4] [--repeats=1]
       [--json_out=FILE]
 
-bench/gpipe's Transformer stack (8 encoder layers, d=128, ff=512, 4
+bench/common's Transformer stack (8 encoder layers, d=128, ff=512, 4
 heads, seq 64) on K=2 devices, micro-batches of --micro_batch sequences
 (so the batch is M x micro-batch), for each recompute mode, M and
 schedule: 'gpipe', '1f1b' and 'interleaved_1f1b' with V=2 (four stages
@@ -43,16 +43,13 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
-sys.path.insert(1, HERE)
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from bench.common import cli  # noqa: E402
+from bench.memory import table1  # noqa: E402
 from lingvo_pipe.core import schedule as schedule_lib  # noqa: E402
-
-import table1  # noqa: E402  (bench/memory/table1.py)
 
 K = 2
 SCHEDULES = (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2))
@@ -75,7 +72,7 @@ class Config:
             else f'{self.schedule} V={self.v}')
 
   def SetupText(self) -> str:
-    """bench/gpipe's Setup.ToText of this configuration."""
+    """bench/common's Setup.ToText of this configuration."""
     return f'pipe,{K},{self.m},{self.recompute},{self.schedule},{self.v}'
 
 
@@ -89,7 +86,7 @@ def HeldLayers(config: Config) -> List[int]:
 
 def _ProbeMain(args: argparse.Namespace) -> None:
   """The probe process: one configuration (--setup, --micro_batch)."""
-  import stack as stack_lib  # pylint: disable=g-import-not-at-top
+  from bench.common import stack as stack_lib  # pylint: disable=g-import-not-at-top
   setup = stack_lib.Setup.FromText(args.setup)
   stack = stack_lib.Stack(batch=setup.m * args.micro_batch, **STACK)
 
@@ -102,7 +99,7 @@ def _ProbeMain(args: argparse.Namespace) -> None:
 
 def Measure(config: Config, args: argparse.Namespace) -> dict:
   """--repeats probes of `config`; the one of the median worst device."""
-  command = [sys.executable, os.path.abspath(__file__), '--probe',
+  command = [sys.executable, '-m', 'bench.memory.schedules', '--probe',
              f'--setup={config.SetupText()}',
              f'--micro_batch={args.micro_batch}']
   runs = sorted((table1.RunProbe(command, config.SetupText(), args.timeout)
@@ -165,8 +162,9 @@ def Targets(results: Dict[Config, dict]) -> List[str]:
   return lines
 
 
-def _Args() -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def _Args(argv: Sequence[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--ms', default='8,32', help='micro-batch counts M')
   parser.add_argument('--modes', default='never,always',
                       help='recompute modes')
@@ -179,21 +177,20 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--json_out', default='')
   parser.add_argument('--probe', action='store_true', help=argparse.SUPPRESS)
   parser.add_argument('--setup', help=argparse.SUPPRESS)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   if args.repeats < 1 or args.micro_batch < 1:
     parser.error('--repeats and --micro_batch must be at least 1.')
   return args
 
 
-def main() -> None:
-  args = _Args()
+def main(argv: Sequence[str]) -> None:
+  args = _Args(argv)
   if args.probe:
     _ProbeMain(args)
   ms = [int(m) for m in args.ms.split(',')]
   configs = [Config(s, v, mode, m) for mode in args.modes.split(',')
              for s, v in SCHEDULES for m in ms]
-  print(f'$ {" ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}\n'
-        f'{time.strftime("%Y-%m-%d %H:%M")} UTC, nproc {os.cpu_count()}\n'
+  print(f'{cli.Header()}\n'
         f'Model: {STACK["num_layers"]} TransformerEncoderLayers, d='
         f'{STACK["model_dim"]}, ff={STACK["hidden_dim"]}, '
         f'{STACK["num_heads"]} heads, seq {STACK["seq_len"]}, float32; '
@@ -217,4 +214,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-  main()
+  main(sys.argv[1:])

@@ -1,6 +1,6 @@
 """The paper's Table 1 on this machine: the largest model within a budget.
 
-  .venv/bin/python bench/memory/table1.py [--model=transformer]
+  .venv/bin/python -m bench.memory.run table1 [--model=transformer]
       [--budget_mib=128] [--m=8] [--setups=naive,1,2,4] [--repeats=1]
       [--schedule=gpipe] [--num_virtual_stages=1] [--recompute=always]
       [--json_out=FILE]
@@ -15,7 +15,7 @@ set-ups as GPipe's Table 1:
   pipeline-4   K=4
 
 A pipeline's step is the trainer's one pass (`FPropWithLoss`, through
-bench/gpipe's `MeanSquareLoss`: each micro-batch's loss on the last
+bench/common's `MeanSquareLoss`: each micro-batch's loss on the last
 device as its forward ends) in the order of --schedule (one of
 schedule.SCHEDULES): 'gpipe' (every forward, then every backward),
 '1f1b' (stage k holds at most K-k micro-batches between forward and
@@ -25,7 +25,7 @@ pipelines' re-computation mode ('always', as the paper's Table 1). Rows
 of another schedule than GPipe's name it ('pipeline-2 1f1b'). The loss
 is mean(output ** 2): a Transformer's last vec, AmoebaNet-D's logits.
 
-Families: --model=transformer grows the number of bench/gpipe Transformer
+Families: --model=transformer grows the number of bench/common Transformer
 encoder layers (d=128, ff=512, 4 heads, seq 64, batch 32); --model=
 amoebanet grows the filters D of lingvo_pipe.tasks.image.amoebanet's
 AmoebaNet-D (6, D) (the published cells, CIFAR stem) on 16x16 images,
@@ -84,12 +84,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from bench.common import cli  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 from lingvo_pipe.core import schedule as schedule_lib  # noqa: E402
 
@@ -139,7 +138,7 @@ def _Build(args: argparse.Namespace,
   from lingvo_pipe.core import layers  # pylint: disable=g-import-not-at-top
   k, m = args.k, args.m
   if args.model == 'transformer':
-    import stack as stack_lib  # pylint: disable=g-import-not-at-top
+    from bench.common import stack as stack_lib  # pylint: disable=g-import-not-at-top
     stack = stack_lib.Stack(num_layers=args.size, **_TRANSFORMER)
     setup = (stack_lib.Setup('plain') if k == 0 else
              stack_lib.Setup('pipe', k, m, args.recompute, args.schedule,
@@ -173,12 +172,12 @@ def Probe(num_workers: int,
 
   Starts `num_workers` servers, `build(device names)` -> (layer, inputs)
   makes the model there, and one step is the trainer's: loss =
-  bench/gpipe's `MeanSquareLoss` (a PipeliningLayer in one pass,
+  bench/common's `MeanSquareLoss` (a PipeliningLayer in one pass,
   FPropWithLoss, in its schedule's order; any other layer on the first
   device), every gradient, an Adam update. Call it in a fresh process:
   the allocator's peaks are the servers' whole life.
   """
-  import proc  # pylint: disable=g-import-not-at-top  (bench/gpipe)
+  from bench.common import proc  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory(prefix='table1_') as logs, \
       local_workers.LocalWorkers(
           num_workers, logs,
@@ -188,7 +187,7 @@ def Probe(num_workers: int,
     from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
     from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
     from lingvo_pipe.core import optimizer  # pylint: disable=g-import-not-at-top
-    import stack as stack_lib  # pylint: disable=g-import-not-at-top
+    from bench.common import stack as stack_lib  # pylint: disable=g-import-not-at-top
     devices = cluster.Connect(cluster.ParseClusterSpec(workers.spec))
     pids = workers.pids
 
@@ -270,7 +269,7 @@ def RunProbe(command: List[str], what: str, timeout: float) -> dict:
 
 def _RunProbe(args: argparse.Namespace, size: int, k: int, m: int) -> dict:
   """One probe of --model at `size` in a fresh client; k == 0 is naive."""
-  command = [sys.executable, os.path.abspath(__file__), '--probe',
+  command = [sys.executable, '-m', 'bench.memory.table1', '--probe',
              f'--model={args.model}', f'--size={size}', f'--k={k}',
              f'--m={m}', f'--schedule={args.schedule}',
              f'--num_virtual_stages={args.num_virtual_stages}',
@@ -402,8 +401,9 @@ def _ScheduleText(args: argparse.Namespace) -> str:
   return f'schedule {args.schedule}'
 
 
-def _Args() -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def _Args(argv: Sequence[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--model', choices=['transformer', 'amoebanet'],
                       default='transformer')
   parser.add_argument('--budget_mib', type=float, default=128,
@@ -430,7 +430,7 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--probe', action='store_true', help=argparse.SUPPRESS)
   parser.add_argument('--size', type=int, help=argparse.SUPPRESS)
   parser.add_argument('--k', type=int, default=0, help=argparse.SUPPRESS)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   bad = [s for s in args.setups.split(',') if s not in SETUPS]
   if bad:
     parser.error(f'--setups={args.setups}: {bad} unknown; use some of '
@@ -446,13 +446,11 @@ def _Args() -> argparse.Namespace:
   return args
 
 
-def main() -> None:
-  args = _Args()
+def main(argv: Sequence[str]) -> None:
+  args = _Args(argv)
   if args.probe:
     PrintProbe(Probe(max(args.k, 1), lambda devices: _Build(args, devices)))
-  print(f'$ {" ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}\n'
-        f'{time.strftime("%Y-%m-%d %H:%M")} UTC, nproc {os.cpu_count()}, '
-        f'load {os.getloadavg()[0]:.2f}\nModel: {_Describe(args.model)}; '
+  print(f'{cli.Header()}\nModel: {_Describe(args.model)}; '
         f'budget {args.budget_mib:g} MiB per device; pipelines M={args.m}, '
         f'{_ScheduleText(args)}, re-computation {args.recompute}; Adam.',
         flush=True)
@@ -466,4 +464,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-  main()
+  main(sys.argv[1:])

@@ -1,6 +1,6 @@
 """The planner's predictions against measurement, per configuration.
 
-  .venv/bin/python bench/planner/run.py [--models=transformer,amoebanet]
+  .venv/bin/python -m bench.planner.run [--models=transformer,amoebanet]
       [--ks=1,2] [--ms=1,4,8] [--schedules=gpipe,1f1b] [--profile_rounds=3]
       [--rounds=5] [--memory_runs=3] [--parts=memory,time] [--json_out=FILE]
 
@@ -53,13 +53,13 @@ For each model, (K, M) and schedule, recompute 'always', batch 32:
    range (one run's reading of a cell varies by up to a third: the
    executor's two threads order the ops differently from run to run).
 
-Models: 'transformer' is bench/gpipe's stack (8 TransformerEncoderLayers,
+Models: 'transformer' is bench/common's stack (8 TransformerEncoderLayers,
 d=256, ff 1024, 4 heads, seq 64); 'amoebanet' is AmoebaNet-D (6, 16) of
 tasks/image/amoebanet.py on 32x32x3 images (as bench/throughput). Before
 measuring it waits until no `bench/memory` process runs (two busy
 processes on 2 cores slow each other by 10-20%). The times are taken
 right after the profile, the memory after them. Before the profile and
-after the timing it times bench/scaling/cores.py's numpy matmul pinned to
+after the timing it times bench/common/cores.py's numpy matmul pinned to
 each core alone and prints the seconds: a core that runs slower than the
 other (seen on this VM) shows there rather than as a planner error.
 """
@@ -74,18 +74,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
-sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'scaling'))
 # The memory pass only: TF's CPU allocator then keeps statistics (as a
 # GPU's always does), read from each worker by LocalWorkers' ReadMemory.
 # Times are taken without it (TF's defaults, as a user runs).
 MEMORY_ENV = {'TF_CPU_ALLOCATOR_USE_BFC': 'true'}
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 
-import cores  # noqa: E402
+from bench.common import cli  # noqa: E402
+from bench.common import cores  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 
 BATCH = 32
@@ -188,11 +186,11 @@ def _Predict(args: argparse.Namespace) -> None:
 
 
 def _StepFn(layer: Any) -> Any:
-  """A training step as the trainer's (bench/gpipe's stack.TrainStep): the
+  """A training step as the trainer's (bench/common's stack.TrainStep): the
   loss of the output (its vec when it is a NestedMap) in one pass, every
   gradient, an SGD update of each variable on its own device; returns
   (loss,)."""
-  import stack as stack_lib  # pylint: disable=g-import-not-at-top
+  from bench.common import stack as stack_lib  # pylint: disable=g-import-not-at-top
   return stack_lib.TrainStep(
       layer, lambda inputs: stack_lib.MeanSquareLoss(layer, inputs))
 
@@ -244,7 +242,7 @@ def _Replay(trace: Any) -> Dict[str, Any]:
 def _Measure(args: argparse.Namespace) -> None:
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import step_trace  # pylint: disable=g-import-not-at-top
-  import stack as stack_lib  # pylint: disable=g-import-not-at-top
+  from bench.common import stack as stack_lib  # pylint: disable=g-import-not-at-top
   spec = cluster.ParseClusterSpec(args.cluster_spec)
   devices = cluster.Connect(spec)
   addresses = spec.job_tasks('worker')
@@ -288,7 +286,7 @@ def _Measure(args: argparse.Namespace) -> None:
 def _Child(args: argparse.Namespace, part: str, extra: List[str],
            pin: bool = False,
            env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
-  command = [sys.executable, os.path.abspath(__file__), f'--part={part}',
+  command = [sys.executable, '-m', 'bench.planner.run', f'--part={part}',
              f'--model={args.model}', f'--ks={args.ks}', f'--ms={args.ms}',
              f'--schedules={args.schedules}',
              f'--rounds={args.rounds}', f'--warmup={args.warmup}',
@@ -319,14 +317,14 @@ def _MeasureOnWorkers(args: argparse.Namespace, part: str,
 
 def _WaitIdle() -> None:
   """Until no bench/memory process runs (polls every 30 s)."""
-  while subprocess.run(['pgrep', '-f', 'bench/memory'],
+  while subprocess.run(['pgrep', '-f', r'bench[./]memory'],
                        capture_output=True).returncode == 0:
     print('waiting: a bench/memory process is running', flush=True)
     time.sleep(30)
 
 
 def _CoreSeconds() -> List[float]:
-  """bench/scaling/cores.py's numpy matmul pinned to core 0, then core 1."""
+  """bench/common/cores.py's numpy matmul pinned to core 0, then core 1."""
   return [cores.Pinned('matmul', [core])[0] for core in (0, 1)]
 
 
@@ -417,8 +415,9 @@ def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
   return '\n'.join(lines)
 
 
-def _Args() -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def _Args(argv: Sequence[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--models', default='transformer,amoebanet')
   parser.add_argument('--ks', default='1,2')
   parser.add_argument('--ms', default='1,4,8')
@@ -450,7 +449,7 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--cluster_spec', default='', help=argparse.SUPPRESS)
   parser.add_argument('--pids', default='', help=argparse.SUPPRESS)
   parser.add_argument('--predicted', default='', help=argparse.SUPPRESS)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   if args.memory_runs < 1:
     parser.error(f'--memory_runs={args.memory_runs}: give at least 1.')
   bad = [x for x in args.schedules.split(',') if x not in SCHEDULES]
@@ -463,8 +462,8 @@ def _Args() -> argparse.Namespace:
   return args
 
 
-def main() -> None:
-  args = _Args()
+def main(argv: Sequence[str]) -> None:
+  args = _Args(argv)
   if args.part:
     args.ks = [int(k) for k in args.ks.split(',')]
     args.ms = [int(m) for m in args.ms.split(',')]
@@ -479,9 +478,7 @@ def main() -> None:
     return
   if args.wait_idle:
     _WaitIdle()
-  print(f'$ {" ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}\n'
-        f'{time.strftime("%Y-%m-%d %H:%M")} UTC, nproc {os.cpu_count()}, '
-        f'load {os.getloadavg()[0]:.2f}', flush=True)
+  print(cli.Header(), flush=True)
   results = {}
   for model in args.models.split(','):
     args.model = model
@@ -539,4 +536,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-  main()
+  main(sys.argv[1:])

@@ -1,6 +1,6 @@
 """A projection's weight gradient: TF's einsum gradient against ours.
 
-  .venv/bin/python bench/projection/run.py [--rounds=7]
+  .venv/bin/python -m bench.projection.run [--rounds=7]
 
 A step is y = x @ w1 @ w2 over the last axis of x ('...i,io->...o'), loss
 = mean(y ** 2), and the gradients of w1 and w2, as one tf.function, in
@@ -23,16 +23,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
 
 import tensorflow as tf  # noqa: E402
 
+from bench.common import cli  # noqa: E402
 from lingvo_pipe.core import kernels  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 
@@ -66,7 +64,8 @@ def _Step(fn, d):
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=7)
   args = parser.parse_args()
   if args.rounds < 1:

@@ -1,11 +1,11 @@
 """Data parallelism x pipeline across pinned worker processes.
 
-  .venv/bin/python bench/scaling/replicas.py [--rounds=10] [--warmup=2]
+  .venv/bin/python -m bench.scaling.run replicas [--rounds=10] [--warmup=2]
       [--core_rounds=5] [--json_out=FILE]
 
 Part 1, two workers, task i pinned to core i (`LocalWorkers`): one client
 times one training step (`BaseTask.TrainStep`: forward, loss, gradients,
-the sum over replicas, SGD update) of bench/gpipe's stack in every
+the sum over replicas, SGD update) of bench/common's stack in every
 configuration, interleaved over rounds:
 
   R=1 K=1 M=1, R=1 K=1 M=8   one replica, one partition, on task 0
@@ -23,7 +23,8 @@ weights and batch) and overhead only: two cores cannot run four
 partitions at once.
 
 Part 0, no TensorFlow: what the two cores give a single-threaded numpy
-program run on both at once (`cores.py`), the machine's own ceiling.
+program run on both at once (bench/common's `cores.py`), the machine's
+own ceiling.
 
 Prints markdown tables; --json_out keeps every raw time. One process
 measures at a time; nothing else should run on the machine meanwhile.
@@ -39,24 +40,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import tensorflow as tf  # noqa: E402
 
+from bench.common import cli  # noqa: E402
+from bench.common import cores  # noqa: E402
+from bench.common import stack as stack_lib  # noqa: E402
+from bench.scaling import throughput  # noqa: E402
 from lingvo_pipe.core import base_model  # noqa: E402
 from lingvo_pipe.core import cluster  # noqa: E402
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 from lingvo_pipe.core import optimizer  # noqa: E402
-
-import cores  # noqa: E402
-import throughput  # noqa: E402
-import stack as stack_lib  # noqa: E402  (bench/gpipe)
 
 TARGET = 0.85  # R=2 K=1: measured / ideal 2x, at least
 Config = Tuple[int, int, int]  # (R, K, M)
@@ -74,7 +73,7 @@ def _Label(config: Config) -> str:
 
 
 class StackTask(base_model.BaseTask):
-  """bench/gpipe's stack as a task: loss = mean(vec ** 2), SGD."""
+  """bench/common's stack as a task: loss = mean(vec ** 2), SGD."""
 
   @classmethod
   def Params(cls):
@@ -204,7 +203,7 @@ def _Run(configs: List[Config], pin: List[int], exchange: bool,
   with tempfile.TemporaryDirectory(prefix='replicas_') as logs:
     with local_workers.LocalWorkers(tasks, logs, cores=pin) as workers:
       child = subprocess.run(
-          [sys.executable, os.path.abspath(__file__), '--client',
+          [sys.executable, '-m', 'bench.scaling.replicas', '--client',
            f'--cluster_spec={workers.spec}', f'--rounds={args.rounds}',
            f'--warmup={args.warmup}', f'--exchange={int(exchange)}',
            '--worker_pids=' + ','.join(map(str, workers.pids)),
@@ -271,8 +270,9 @@ def _Part2Table(res: Dict[str, dict]) -> str:
   return '\n'.join(lines)
 
 
-def _Args() -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def _Args(argv: Sequence[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=10)
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--core_rounds', type=int, default=5,
@@ -285,18 +285,15 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--worker_pids', help=argparse.SUPPRESS)
   parser.add_argument('--exchange', type=int, default=0,
                       help=argparse.SUPPRESS)
-  return parser.parse_args()
+  return parser.parse_args(argv)
 
 
-def main() -> None:
-  args = _Args()
+def main(argv: Sequence[str]) -> None:
+  args = _Args(argv)
   if args.client:
     _Client(args)
     return
-  print(f'$ {" ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}\n'
-        f'{time.strftime("%Y-%m-%d %H:%M")}, nproc {os.cpu_count()}, '
-        f'TensorFlow {tf.__version__}, load {os.getloadavg()[0]:.2f}',
-        flush=True)
+  print(cli.Header(f'TensorFlow {tf.__version__}'), flush=True)
   part0 = cores.Measure(args.core_rounds)
   print('\n### The two cores without TensorFlow (cores.py)\n\n' +
         cores.Table(part0), flush=True)
@@ -312,4 +309,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-  main()
+  main(sys.argv[1:])

@@ -1,13 +1,14 @@
 """Schedules side by side: throughput on two pinned workers, and start-up.
 
-  .venv/bin/python bench/scaling/schedules.py [--what=all|throughput|startup]
-      [--rounds=10] [--modes=never,always] [--json_out=FILE]
-  .venv/bin/python bench/scaling/schedules.py --what=pictures
+  .venv/bin/python -m bench.scaling.run schedules
+      [--what=all|throughput|startup] [--rounds=10] [--modes=never,always]
+      [--json_out=FILE]
+  .venv/bin/python -m bench.scaling.run schedules --what=pictures
       [--pictures=docs/schedules]
 
 throughput: two `tf.distribute.Server` workers on 127.0.0.1, worker i
 pinned to core i, fresh for each recompute mode; one client
-(`throughput.py`) builds bench/gpipe's stack (8 Transformer layers, d=256)
+(`throughput.py`) builds bench/common's stack (8 Transformer layers, d=256)
 in every configuration below, warms each up, then times --rounds rounds
 of one training step of each, interleaved (the trainer's one pass,
 `FPropWithLoss`; gradients returned). Configurations: K=1 M=1 (the
@@ -44,7 +45,6 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -52,14 +52,12 @@ import tempfile
 import time
 from typing import Dict, List, Sequence, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from bench.common import cli  # noqa: E402
+from bench.common import stack as stack_lib  # noqa: E402
+from bench.scaling import pipeline as scaling  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
-
-import run as scaling  # noqa: E402  (bench/scaling/run.py)
-import stack as stack_lib  # noqa: E402  (bench/gpipe)
 
 Setup = stack_lib.Setup
 ONE_F_ONE_B_TARGET = 0.9  # of GPipe's ideal, K=2 M=8
@@ -180,7 +178,7 @@ def MeasureStartup(args: argparse.Namespace) -> Dict[str, dict]:
     layers, setup = runs[i]
     stack = stack_lib.Stack(num_layers=layers, model_dim=64, hidden_dim=256)
     r = scaling._RunChild(  # pylint: disable=protected-access
-        'startup.py', [f'--stack={json.dumps(dataclasses.asdict(stack))}',
+        'startup', [f'--stack={json.dumps(dataclasses.asdict(stack))}',
                        '--steps=1', f'--setup={setup.ToText()}'],
         args.timeout)
     times[i].append(r['first_step'])
@@ -243,7 +241,8 @@ def Pictures(args: argparse.Namespace) -> None:
   with tempfile.TemporaryDirectory(prefix='schedules_servers_') as logs:
     with local_workers.LocalWorkers(2, logs) as workers:
       out = subprocess.run(
-          [sys.executable, os.path.abspath(__file__), '--pictures_client',
+          [sys.executable, '-m', 'bench.scaling.schedules',
+           '--pictures_client',
            f'--cluster_spec={workers.spec}', f'--pictures={args.pictures}'],
           capture_output=True, text=True, timeout=args.timeout)
   if out.returncode:
@@ -252,7 +251,8 @@ def Pictures(args: argparse.Namespace) -> None:
 
 
 def _Args(argv: Sequence[str]) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--what', default='all',
                       choices=('all', 'throughput', 'startup', 'pictures'))
   parser.add_argument('--pictures', default='docs/schedules',
@@ -270,7 +270,10 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str]) -> None:
-  signal.signal(signal.SIGTERM, scaling._Terminate)  # pylint: disable=protected-access
+  scaling.Stoppable(_Main, argv)
+
+
+def _Main(argv: Sequence[str]) -> None:
   args = _Args(argv)
   if args.pictures_client:
     PicturesClient(args.cluster_spec, args.pictures)
@@ -297,8 +300,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == '__main__':
-  try:
-    main(sys.argv[1:])
-  except KeyboardInterrupt as interrupt:
-    sys.exit(f'Interrupted ({interrupt or "Ctrl-C"}); servers and children '
-             'stopped.')
+  main(sys.argv[1:])

@@ -1,10 +1,10 @@
-"""One start-up measurement of run.py: K logical CPUs in this process.
+"""One start-up measurement of pipeline.py: K logical CPUs in this process.
 
-  python bench/scaling/startup.py --setup=pipe,K,M,recompute
+  python -m bench.scaling.startup --setup=pipe,K,M,recompute
       [--stack=JSON] [--steps=3]
 
 `devices.SplitCpu(K)` before any TF op, then the stack of
-bench/gpipe/stack.py as a PipeliningLayer on CPU:0..K-1 and its training
+bench/common/stack.py as a PipeliningLayer on CPU:0..K-1 and its training
 step (`stack.StepFunction`). Prints one JSON line:
 
   build       seconds to build the layer (variables created)
@@ -30,17 +30,13 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'gpipe'))
 
+from bench.common import proc  # noqa: E402
+from bench.common import stack as stack_lib  # noqa: E402
 from lingvo_pipe.core import devices  # noqa: E402
-
-import proc  # noqa: E402  (bench/gpipe)
-import stack as stack_lib  # noqa: E402  (bench/gpipe)
 
 
 def Measure(stack: stack_lib.Stack, setup: stack_lib.Setup,

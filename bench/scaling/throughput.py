@@ -1,11 +1,11 @@
-"""The throughput client of run.py: every configuration of one run, interleaved.
+"""The throughput client of pipeline.py: every configuration, interleaved.
 
-  python bench/scaling/throughput.py --cluster_spec=worker=127.0.0.1:P0,...
+  python -m bench.scaling.throughput --cluster_spec=worker=127.0.0.1:P0,...
       --worker_pids=PID0,PID1 --setups='pipe,1,1,never;pipe,2,8,never;...'
       [--stack=JSON] [--warmup=2] [--rounds=10]
 
 Connects (`cluster.Connect`, one device per task), builds the stack of
-bench/gpipe/stack.py once per configuration as a PipeliningLayer with
+bench/common/stack.py once per configuration as a PipeliningLayer with
 partition k on task k, traces each training step and runs `warmup` steps
 of it (the first call is one). Then `rounds` rounds: each round runs one
 step of every configuration, starting one further along the list each
@@ -24,7 +24,7 @@ JSON line, label -> record:
               (step_trace) and the ideal of the order that ran
 
 Connecting to a cluster changes the process's eager context for good, so
-run.py starts one client per recompute mode, on fresh workers.
+pipeline.py starts one client per recompute mode, on fresh workers.
 """
 
 from __future__ import annotations
@@ -32,18 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Dict, List
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-sys.path.insert(1, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'gpipe'))
 
+from bench.common import stack as stack_lib  # noqa: E402
 from lingvo_pipe.core import cluster  # noqa: E402
 from lingvo_pipe.core import step_trace  # noqa: E402
-
-import stack as stack_lib  # noqa: E402  (bench/gpipe)
 
 
 def CpuSeconds(pid: int) -> float:

@@ -1,6 +1,6 @@
 """The README's main model trained on pinned local workers: 2 cores vs 1.
 
-  .venv/bin/python bench/scaling/trainer.py [--steps=60] [--skip=10]
+  .venv/bin/python -m bench.scaling.run trainer [--steps=60] [--skip=10]
       [--rounds=2] [--model=image.synthetic.ResNetTinyGPipe]
 
 The trainer (`python -m lingvo_pipe.trainer --model=... --cluster_spec=...`,
@@ -31,16 +31,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
-_REPO = os.path.dirname(os.path.dirname(HERE))  # the checkout
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))  # the checkout
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import tensorflow as tf  # noqa: E402
 from tensorflow.core.util import event_pb2  # noqa: E402
 
+from bench.common import cli  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 from lingvo_pipe.core import model_registry  # noqa: E402
 
@@ -48,15 +48,16 @@ from lingvo_pipe.core import model_registry  # noqa: E402
 PLACEMENTS = {'two cores': [0, 1], 'one core': [0, 0]}
 
 
-def _Args() -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def _Args(argv: Sequence[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--model', default='image.synthetic.ResNetTinyGPipe')
   parser.add_argument('--steps', type=int, default=60)
   parser.add_argument('--skip', type=int, default=10)
   parser.add_argument('--rounds', type=int, default=2)
   parser.add_argument('--timeout', type=float, default=900)
   parser.add_argument('--json_out', default=None)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   if args.skip >= args.steps:
     parser.error(f'--skip={args.skip} leaves no step of --steps='
                  f'{args.steps}; lower --skip.')
@@ -112,9 +113,9 @@ def RunOnce(args: argparse.Namespace, cores: List[int], log_dir: str,
   return [batch / rates[s] for s in steps]
 
 
-def main() -> None:
-  args = _Args()
-  print(f'command: {" ".join([sys.executable] + sys.argv)}\ndate: '
+def main(argv: Sequence[str]) -> None:
+  args = _Args(argv)
+  print(f'command: {cli.Text()}\ndate: '
         f'{time.strftime("%Y-%m-%d %H:%M:%S %Z")}; nproc: '
         f'{len(os.sched_getaffinity(0))}; load average at start: '
         f'{os.getloadavg()}', flush=True)
@@ -146,4 +147,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-  main()
+  main(sys.argv[1:])

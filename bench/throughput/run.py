@@ -1,14 +1,14 @@
 """The paper's Table 2 on this machine: normalised throughput over K and M.
 
-  .venv/bin/python bench/throughput/table2.py [--model=transformer]
+  .venv/bin/python -m bench.throughput.run [--model=transformer]
       [--rounds=5] [--warmup=2] [--ms=1,4,8,32] [--filters=16]
       [--schedules=gpipe,1f1b] [--parts=workers,logical] [--json_out=FILE]
 
---model=transformer: bench/gpipe's Transformer stack (stack.py: 8 encoder
+--model=transformer: bench/common's Transformer stack (stack.py: 8 encoder
 layers, d=256, batch 32); --model=amoebanet: AmoebaNet-D (6, --filters)
 of lingvo_pipe.tasks.image.amoebanet (the published cells, CIFAR stem),
 on 32x32 images, batch 32, partitioned by flops. GPipe's re-computation
-('always'); a step is the trainer's (bench/gpipe's stack.TrainStep): the
+('always'); a step is the trainer's (bench/common's stack.TrainStep): the
 forward, the loss (mean square of the output), every variable's gradient
 and an SGD update of each variable on its own device. Per schedule
 (--schedules; K=1 runs GPipe's only, every schedule is the same there) and
@@ -44,12 +44,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List
+from typing import List, Sequence
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(1, os.path.join(os.path.dirname(HERE), 'gpipe'))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from bench.common import cli  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 
 def _Label(k: int, m: int, schedule: str = 'gpipe') -> str:
@@ -64,7 +63,7 @@ def _Schedules(k: int, schedules: List[str]) -> List[str]:
 def _Ideal(k: int, m: int, schedule: str) -> float:
   """The table's throughput against one device, equal stages (normalised
   by the caller)."""
-  import stack as stack_lib  # pylint: disable=g-import-not-at-top
+  from bench.common import stack as stack_lib  # pylint: disable=g-import-not-at-top
   return stack_lib.Ideal(stack_lib.Setup('pipe', k, m, None, schedule))
 
 
@@ -77,7 +76,7 @@ def _Client(args: argparse.Namespace) -> None:
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import devices as devices_lib  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import step_trace  # pylint: disable=g-import-not-at-top
-  import stack as stack_lib  # pylint: disable=g-import-not-at-top
+  from bench.common import stack as stack_lib  # pylint: disable=g-import-not-at-top
   if args.cluster_spec:
     devices = cluster.Connect(cluster.ParseClusterSpec(args.cluster_spec))
   else:
@@ -135,7 +134,7 @@ def _AmoebaStep(k: int, m: int, devices: List[str], filters: int,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tasks.image import amoebanet  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tasks.image import model  # pylint: disable=g-import-not-at-top
-  import stack as stack_lib  # pylint: disable=g-import-not-at-top
+  from bench.common import stack as stack_lib  # pylint: disable=g-import-not-at-top
   p = model.GPipeNetworkParams(
       amoebanet.AmoebaNetD(filters=filters, **_AMOEBA), k, m,
       tf.TensorShape([_AMOEBA_BATCH // m, 32, 32, 3]), schedule=schedule)
@@ -149,7 +148,7 @@ def _AmoebaStep(k: int, m: int, devices: List[str], filters: int,
 
 
 def _RunClient(args: argparse.Namespace, ks: List[int], spec: str) -> dict:
-  command = [sys.executable, os.path.abspath(__file__), '--client',
+  command = [sys.executable, '-m', 'bench.throughput.run', '--client',
              f'--model={args.model}',
              '--ks=' + ','.join(map(str, ks)), f'--ms={args.ms}',
              f'--rounds={args.rounds}', f'--warmup={args.warmup}',
@@ -189,8 +188,9 @@ def _Table(res: dict, ks: List[int], ms: List[int],
   return '\n'.join(lines)
 
 
-def _Args() -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def _Args(argv: Sequence[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--ms', default='1,4,8,32')
@@ -208,7 +208,7 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--client', action='store_true', help=argparse.SUPPRESS)
   parser.add_argument('--ks', help=argparse.SUPPRESS)
   parser.add_argument('--cluster_spec', default='', help=argparse.SUPPRESS)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   args.parts = args.parts.split(',')
   args.schedules = args.schedules.split(',')
   unknown = set(args.parts) - {'workers', 'logical'}
@@ -223,15 +223,13 @@ def _Args() -> argparse.Namespace:
   return args
 
 
-def main() -> None:
-  args = _Args()
+def main(argv: Sequence[str]) -> None:
+  args = _Args(argv)
   if args.client:
     _Client(args)
     return
   ms = [int(m) for m in args.ms.split(',')]
-  print(f'$ {" ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}\n'
-        f'{time.strftime("%Y-%m-%d %H:%M")} UTC, nproc {os.cpu_count()}, '
-        f'load {os.getloadavg()[0]:.2f}', flush=True)
+  print(cli.Header(), flush=True)
   results = {}
   if 'workers' in args.parts:
     with tempfile.TemporaryDirectory(prefix='table2_') as logs:
@@ -253,4 +251,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-  main()
+  main(sys.argv[1:])

@@ -1,6 +1,6 @@
 """Subword tokenizers side by side: TFDS SubwordTextEncoder, sentencepiece.
 
-  .venv/bin/python bench/tokenizer/compare.py [--rounds=3]
+  .venv/bin/python -m bench.tokenizer.run [--rounds=3]
       [--vocab_sizes=8000,32000] [--json_out=FILE]
 
 Tokenizers, each built from a corpus's train texts:
@@ -55,6 +55,7 @@ from typing import Callable, Dict, List, Tuple
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from bench.common import cli  # noqa: E402
 from lingvo_pipe.core import quiet  # noqa: E402
 
 tf = quiet.ImportTensorFlow()
@@ -242,7 +243,8 @@ def _Ratios(runs: Dict, cases: List[Tuple[str, int]]) -> List[Dict]:
 
 
 def Main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.splitlines()[0])
   parser.add_argument('--rounds', type=int, default=3)
   parser.add_argument('--vocab_sizes', default='8000,32000',
                       help='targets for the made-up corpus (others: 8000)')

@@ -1,6 +1,7 @@
 """Unrolled layers against one inner tf.function called per micro-batch.
 
-  .venv/bin/python bench/gpipe/nested_calls.py
+  .venv/bin/python -m bench.nested_calls.run [--num_layers=4] [--m=8]
+      [--rounds=12]
 
 For docs/DESIGN.md section 2: would tracing a partition once and calling
 it M times keep the graph, tracing and memory bounded? Runs, in one
@@ -29,7 +30,8 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-import proc  # noqa: E402
+from bench.common import cli  # noqa: E402
+from bench.common import proc  # noqa: E402
 
 VARIANTS = ('inline', 'nested', 'noinline')
 
@@ -37,7 +39,7 @@ VARIANTS = ('inline', 'nested', 'noinline')
 def Build(variant: str, num_layers: int, m: int):
   """(step function, inputs) of one variant; nothing traced yet."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import stack as stack_lib  # pylint: disable=g-import-not-at-top
+  from bench.common import stack as stack_lib  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import layers  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core.nested_map import NestedMap  # pylint: disable=g-import-not-at-top
   stack = stack_lib.Stack(num_layers=num_layers)
@@ -83,7 +85,7 @@ def MeasureBuild(variant: str, num_layers: int, m: int) -> str:
 
 def MeasureSteps(num_layers: int, m: int, rounds: int) -> str:
   """Median step seconds of every variant, interleaved in one process."""
-  import stack as stack_lib  # pylint: disable=g-import-not-at-top
+  from bench.common import stack as stack_lib  # pylint: disable=g-import-not-at-top
   steps = {}
   for variant in VARIANTS:
     step, inputs = Build(variant, num_layers, m)
@@ -101,7 +103,7 @@ def MeasureSteps(num_layers: int, m: int, rounds: int) -> str:
 
 def _Child(args: argparse.Namespace, what: str) -> str:
   child = subprocess.run(
-      [sys.executable, os.path.abspath(__file__), f'--child={what}',
+      [sys.executable, '-m', 'bench.nested_calls.run', f'--child={what}',
        f'--num_layers={args.num_layers}', f'--m={args.m}',
        f'--rounds={args.rounds}'], capture_output=True, text=True)
   if child.returncode:
@@ -110,7 +112,8 @@ def _Child(args: argparse.Namespace, what: str) -> str:
 
 
 def main(argv) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--child', default=None,
                       help='Internal: one variant, or "steps".')
   parser.add_argument('--num_layers', type=int, default=4)

@@ -1,14 +1,16 @@
 """What two cores of this machine give with no TensorFlow at all.
 
-  .venv/bin/python bench/scaling/cores.py [--rounds=5]
+  .venv/bin/python -m bench.scaling.run cores [--rounds=5]
 
 One small numpy program, single-threaded, in two forms: `matmul` (384 x
 384 float32 products, cache-resident, compute-bound) and `stream` (sums of
 a 64 MiB array, memory-bound). Each round runs it pinned to core 0 alone,
 then pinned to cores 0 and 1 at the same time; the efficiency is the time
 alone over the mean time together (1.0: the second core costs the first
-nothing). Medians over rounds. replicas.py prints this beside its own
-table: it is the ceiling of any two-process speed-up on the machine.
+nothing). Medians over rounds. bench/scaling's replicas measurement
+prints this beside its own table: it is the ceiling of any two-process
+speed-up on the machine. bench/planner times the matmul on each core
+alone (`Pinned`), to show a core that runs slower than the other.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Sequence
+
+from bench.common import cli
 
 KINDS = ('matmul', 'stream')
 _ENV = dict(os.environ, OMP_NUM_THREADS='1', OPENBLAS_NUM_THREADS='1',
@@ -53,7 +57,7 @@ def _Work(kind: str) -> float:
 def Pinned(kind: str, cores: List[int]) -> List[float]:
   """Seconds of `kind` (`_Work`) in one process per core, run at once."""
   procs = [subprocess.Popen(
-      ['taskset', '-c', str(core), sys.executable, os.path.abspath(__file__),
+      ['taskset', '-c', str(core), sys.executable, '-m', 'bench.common.cores',
        '--work=' + kind], stdout=subprocess.PIPE, text=True, env=_ENV)
            for core in cores]
   outs = [p.communicate()[0] for p in procs]
@@ -89,11 +93,12 @@ def Table(res: Dict[str, dict]) -> str:
   return '\n'.join(lines)
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+def main(argv: Sequence[str]) -> None:
+  parser = argparse.ArgumentParser(prog=cli.Prog(),
+                                   description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--work', choices=KINDS, help=argparse.SUPPRESS)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   if args.work:
     print(_Work(args.work))
     return
@@ -101,4 +106,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-  main()
+  main(sys.argv[1:])

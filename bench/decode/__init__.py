@@ -1,0 +1,1 @@
+"""Decoding time per token, cached against uncached: run.py."""

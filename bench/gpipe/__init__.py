@@ -1,0 +1,1 @@
+"""GPipe overhead and memory in one process: run.py."""

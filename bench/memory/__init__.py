@@ -1,0 +1,1 @@
+"""The paper's Table 1, and each schedule's activations: run.py."""

@@ -1,0 +1,1 @@
+"""Unrolled layers against nested function calls: run.py."""

@@ -1,0 +1,1 @@
+"""The planner's predictions against measurement: run.py."""

@@ -1,0 +1,1 @@
+"""A projection's weight gradient, TF's einsum against ours: run.py."""

@@ -1,0 +1,1 @@
+"""Pipeline scaling across worker processes: run.py."""

@@ -1,0 +1,1 @@
+"""The paper's Table 2 on this machine: run.py."""

@@ -1,0 +1,1 @@
+"""Subword tokenizers side by side: run.py."""
