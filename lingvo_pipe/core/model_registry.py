@@ -81,6 +81,12 @@ def _TryImport(key: str) -> None:
       raise
 
 
+class UnknownModelError(LookupError):
+  """No params class is registered under the key; the message lists the
+  closest keys. Its own class, so that a LookupError (KeyError,
+  IndexError) raised inside a model's own code is not taken for it."""
+
+
 def ModelNames() -> List[str]:
   """Every registered key, built-ins included, sorted."""
   _ImportAllBuiltins()
@@ -96,7 +102,7 @@ def GetClass(key: str) -> Type[Any]:
     close = difflib.get_close_matches(key, names, n=3, cutoff=0.4)
     hint = (f'; did you mean {", ".join(repr(c) for c in close)}?' if close
             else f'; registered models: {", ".join(names)}')
-    raise LookupError(f"Unknown model '{key}'{hint}")
+    raise UnknownModelError(f"Unknown model '{key}'{hint}")
   return _REGISTRY[key]
 
 

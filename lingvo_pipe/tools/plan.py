@@ -78,6 +78,7 @@ tf = quiet.ImportTensorFlow()
 
 from lingvo_pipe.core import cluster  # noqa: E402
 from lingvo_pipe.core import devices as devices_lib  # noqa: E402
+from lingvo_pipe.core import model_registry  # noqa: E402
 from lingvo_pipe.core import partitioner  # noqa: E402
 from lingvo_pipe.core import schedule  # noqa: E402
 from lingvo_pipe.tools import budget_split  # noqa: E402
@@ -697,7 +698,7 @@ def main() -> None:
   SetUpProcess()
   try:
     print(Main(sys.argv[1:]), flush=True)
-  except (ValueError, LookupError) as err:
+  except (ValueError, model_registry.UnknownModelError) as err:
     raise SystemExit(f'plan: {err}') from None
 
 
