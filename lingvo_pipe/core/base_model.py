@@ -114,20 +114,47 @@ def NumReplicas(task_params: Any) -> int:
   return 1
 
 
+def _IsPipeline(fields: Mapping[str, Any]) -> bool:
+  """Whether Params fields are a PipeliningLayer's: a non-empty list of
+  Params in `cell_tpl`."""
+  cells = fields.get('cell_tpl')
+  return (isinstance(cells, (list, tuple, hyperparams.FrozenList)) and
+          bool(cells) and
+          all(isinstance(c, hyperparams.Params) for c in cells))
+
+
 def _MaxPartitions(value: Any) -> int:
   if isinstance(value, hyperparams.Params):
     fields = dict(value.IterParams())
-    cells = fields.get('cell_tpl')
     found = 0
-    if (isinstance(cells, (list, tuple, hyperparams.FrozenList)) and cells and
-        all(isinstance(c, hyperparams.Params) for c in cells)):
-      found = len(cells) // max(1, int(fields.get('num_virtual_stages', 1)))
+    if _IsPipeline(fields):
+      found = (len(fields['cell_tpl']) //
+               max(1, int(fields.get('num_virtual_stages', 1))))
     return max([found] + [_MaxPartitions(v) for v in fields.values()])
   if isinstance(value, (list, tuple, hyperparams.FrozenList)):
     return max([0] + [_MaxPartitions(v) for v in value])
   if isinstance(value, Mapping):
     return max([0] + [_MaxPartitions(v) for v in value.values()])
   return 0
+
+
+def PipelineParams(task_params: Any, path: str = 'task'
+                   ) -> List[Tuple[str, hyperparams.Params]]:
+  """[(path, params)] of every PipeliningLayer in the params, in order.
+
+  Paths are dotted from `path`, as --model_params_override names them.
+  """
+  found = []
+  if isinstance(task_params, hyperparams.Params):
+    fields = dict(task_params.IterParams())
+    if _IsPipeline(fields):
+      found.append((path, task_params))
+    for name, value in fields.items():
+      found += PipelineParams(value, f'{path}.{name}')
+  elif isinstance(task_params, (list, tuple, hyperparams.FrozenList)):
+    for i, value in enumerate(task_params):
+      found += PipelineParams(value, f'{path}[{i}]')
+  return found
 
 
 class AverageMetric:

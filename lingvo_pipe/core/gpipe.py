@@ -234,25 +234,13 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   def NumMicroBatches(self, batch_size: int) -> int:
     """M for a batch of `batch_size`; raises if it does not split evenly."""
+    why = MicroBatchError(self.params, batch_size)
+    if why:
+      raise ValueError(f"PipeliningLayer '{self.path}': {why}.")
     p = self.params
     if p.micro_batch_size is not None:
-      if batch_size % p.micro_batch_size:
-        raise ValueError(
-            f"PipeliningLayer '{self.path}': batch size {batch_size} is not "
-            f'a multiple of micro_batch_size={p.micro_batch_size}; change '
-            'one of them.')
       return batch_size // p.micro_batch_size
-    m = p.num_micro_batches
-    if m > batch_size:
-      raise ValueError(
-          f"PipeliningLayer '{self.path}': num_micro_batches={m} is larger "
-          f'than the batch size {batch_size}; use at most {batch_size}.')
-    if batch_size % m:
-      raise ValueError(
-          f"PipeliningLayer '{self.path}': batch size {batch_size} does not "
-          f'split into num_micro_batches={m} equal parts; use a divisor '
-          f'of {batch_size}.')
-    return m
+    return p.num_micro_batches
 
   def _BatchSize(self, leaves: Sequence[tf.Tensor]) -> int:
     axis = self.params.batch_dim
@@ -380,3 +368,22 @@ def _CheckSchedule(where: str, p: Any) -> int:
         f"{where}: schedule '1f1b' runs one stage per device, got "
         f"num_virtual_stages={v}; use 'interleaved_1f1b'.")
   return s_total // v
+
+
+def MicroBatchError(p: Any, batch_size: int) -> Optional[str]:
+  """Why a batch of `batch_size` does not split into the micro-batches of
+  PipeliningLayer params `p`, and what to change; None if it does."""
+  if p.micro_batch_size is not None:
+    if batch_size % p.micro_batch_size:
+      return (f'batch size {batch_size} is not a multiple of '
+              f'micro_batch_size={p.micro_batch_size}; change one of them')
+    return None
+  m = p.num_micro_batches
+  if m > batch_size:
+    return (f'num_micro_batches={m} is larger than the batch size '
+            f'{batch_size}; use at most {batch_size}')
+  if batch_size % m:
+    return (f'batch size {batch_size} does not split into '
+            f'num_micro_batches={m} equal parts; use a divisor of '
+            f'{batch_size}')
+  return None
