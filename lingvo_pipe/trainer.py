@@ -137,6 +137,7 @@ def LoadParams(model: str, override_text: str = '',
   if num_replicas:
     p.task.train.num_replicas = num_replicas
   CheckReplicas(p)
+  CheckBatches(p)
   if data_dir:
     for dataset in _DATASETS:
       input_p = p.Get(f'{dataset}_input')
@@ -172,6 +173,32 @@ def CheckReplicas(p: Any) -> None:
         f'The train batch size {batch} does not split over {replicas} '
         f'replicas; set train_input.batch_size to a multiple of {replicas} '
         'or change --num_replicas.')
+
+
+def CheckBatches(p: Any) -> None:
+  """A clear error unless every input's batch splits into the micro-batches
+  of every pipeline of the task (train: per replica; dev and test: whole,
+  as evaluation and decoding run them)."""
+  from lingvo_pipe.core import base_model  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
+  pipelines = base_model.PipelineParams(p.task)
+  replicas = p.task.train.num_replicas
+  for dataset in _DATASETS:
+    input_p = p.Get(f'{dataset}_input')
+    if input_p is None or 'batch_size' not in input_p:
+      continue
+    batch = input_p.batch_size
+    per = batch // replicas if dataset == 'train' else batch
+    where = (f'{dataset}_input.batch_size={batch}' +
+             (f' ({per} per replica)' if per != batch else ''))
+    for path, pipeline in pipelines:
+      why = gpipe.MicroBatchError(pipeline, per)
+      if why:
+        knob = ('micro_batch_size' if pipeline.micro_batch_size is not None
+                else 'num_micro_batches')
+        raise TrainingStopped(
+            f'{where} does not fit the pipeline {path}: {why} (set '
+            f'{path}.{knob} or {dataset}_input.batch_size).')
 
 
 def SetUpDevices(run_locally: str, needed: int,
@@ -571,18 +598,39 @@ def _Main(argv) -> None:
   from lingvo_pipe.core import params_text  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import local_workers  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import model_registry  # pylint: disable=g-import-not-at-top
   _CatchInterrupts()
   try:
     _Run()
-  except (TrainingStopped, LookupError, params_text.ParamsTextError,
+  except (TrainingStopped, model_registry.UnknownModelError,
+          params_text.ParamsTextError,
           FileNotFoundError, local_workers.WorkersFailed,
           cluster.ClusterError) as err:
-    print(f'error: {err}', file=sys.stderr, flush=True)
+    _LastLine(f'error: {err}')
     sys.exit(1)
   except KeyboardInterrupt:
-    print('Interrupted; checkpoints written so far are kept.',
-          file=sys.stderr, flush=True)
+    _LastLine('Interrupted; checkpoints written so far are kept.')
     sys.exit(130)
+
+
+EXIT_LOG = 'exit_stderr.txt'  # in the logdir (_LastLine)
+
+
+def _LastLine(line: str) -> None:
+  """Prints `line` to stderr as the last thing the console shows.
+
+  What is written to stderr after it (TensorFlow's C++ runtime logs
+  "Failed to remove function remotely" for every function a lost worker
+  held, as the process tears down) goes to <logdir>/exit_stderr.txt, or
+  nowhere if there is no logdir yet.
+  """
+  sys.stdout.flush()
+  print(line, file=sys.stderr, flush=True)
+  logdir = FLAGS.logdir if FLAGS.is_parsed() else None
+  path = (os.path.join(logdir, EXIT_LOG) if logdir and os.path.isdir(logdir)
+          else os.devnull)
+  with open(path, 'ab') as f:
+    os.dup2(f.fileno(), 2)
 
 
 def main() -> None:

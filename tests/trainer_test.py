@@ -330,12 +330,71 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
     self.assertEqual('/run/vocab.txt', p.dev_input.vocab_file)
     self.assertEqual('/given/vocab.txt', p.test_input.vocab_file)  # kept
 
+  def testEveryRegisteredModelsInputsFitItsPipelines(self):
+    from lingvo_pipe import trainer  # pylint: disable=g-import-not-at-top
+    from lingvo_pipe.core import base_model  # pylint: disable=g-import-not-at-top
+    from lingvo_pipe.core import model_registry  # pylint: disable=g-import-not-at-top
+    names = model_registry.ModelNames()
+    self.assertGreater(len(names), 10)
+    pipelined = 0
+    for name in names:
+      p = trainer.LoadParams(name)  # raises TrainingStopped if not
+      pipelined += bool(base_model.PipelineParams(p.task))
+    self.assertGreater(pipelined, 5)
+
   def testUnknownModelSaysWhatExists(self):
     result = self._Run(self.create_tempdir().full_path,
                        model='lp_user_models.Tinny')
     self.assertEqual(result.returncode, 1)
-    self.assertIn("error: Unknown model 'lp_user_models.Tinny'; did you "
-                  "mean 'lp_user_models.Tiny'?", result.stderr)
+    self.assertRegex(result.stderr.strip().splitlines()[-1],
+                     r"^error: Unknown model 'lp_user_models\.Tinny'; did "
+                     r"you mean 'lp_user_models\.Tiny'(, '[\w.]+')*\?$")
+    self.assertNotIn('Traceback', result.stderr)
+
+  def testAnErrorInTheUsersModelShowsWhereItHappened(self):
+    result = self._Run(self.create_tempdir().full_path,
+                       model='lp_user_models.BrokenTask')
+    self.assertEqual(result.returncode, 1)
+    self.assertIn('Traceback', result.stderr)
+    self.assertRegex(result.stderr, r'lp_user_models\.py", line \d+, in Task')
+    self.assertEqual(result.stderr.strip().splitlines()[-1],
+                     "KeyError: 'no_such_key'")
+    self.assertNotIn('Unknown model', result.stderr)
+
+  def testEveryInputsBatchIsCheckedBeforeTheFirstStep(self):
+    logdir = self.create_tempdir().full_path
+    for override, line in [
+        ('dev_input.batch_size : 10',
+         'error: dev_input.batch_size=10 does not fit the pipeline '
+         'task.network: batch size 10 does not split into '
+         'num_micro_batches=4 equal parts; use a divisor of 10 (set '
+         'task.network.num_micro_batches or dev_input.batch_size).'),
+        ('test_input.batch_size : 2',
+         'error: test_input.batch_size=2 does not fit the pipeline '
+         'task.network: num_micro_batches=4 is larger than the batch size '
+         '2; use at most 2 (set task.network.num_micro_batches or '
+         'test_input.batch_size).'),
+        ('task.network.micro_batch_size : 3',
+         'error: train_input.batch_size=16 does not fit the pipeline '
+         'task.network: batch size 16 is not a multiple of '
+         'micro_batch_size=3; change one of them (set '
+         'task.network.micro_batch_size or train_input.batch_size).')]:
+      result = self._Run(logdir, f'--model_params_override={override}')
+      self.assertEqual(result.returncode, 1, result.stderr[-3000:])
+      self.assertEqual(result.stderr.strip().splitlines()[-1], line)
+      self.assertNotIn('step 1', result.stdout)
+      self.assertFalse(os.path.exists(os.path.join(logdir, 'train')))
+    # Per replica: 16 over 2 replicas is 8 a replica, 4 micro-batches each.
+    result = self._Run(logdir, '--num_replicas=2',
+                       '--model_params_override=task.network.'
+                       'num_micro_batches : 16')
+    self.assertEqual(result.returncode, 1, result.stderr[-3000:])
+    self.assertEqual(result.stderr.strip().splitlines()[-1],
+                     'error: train_input.batch_size=16 (8 per replica) does '
+                     'not fit the pipeline task.network: num_micro_batches=16 '
+                     'is larger than the batch size 8; use at most 8 (set '
+                     'task.network.num_micro_batches or '
+                     'train_input.batch_size).')
 
 
 if __name__ == '__main__':

@@ -106,6 +106,13 @@ class Tiny:
                 summary_interval_steps=10, eval_interval_steps=30,
                 eval_steps=4)
     return p
+
+
+@model_registry.RegisterSingleTaskModel
+class BrokenTask(Tiny):
+
+  def Task(self):
+    return {}['no_such_key']  # a bug in the user's own code
 '''
 
 
