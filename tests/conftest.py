@@ -55,3 +55,25 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.path.name in SERIAL_FILES:
       item.add_marker('serial')
+
+
+# A timing test that cannot measure on a loaded machine skips with a reason
+# starting with this (written out in the test, which also runs under Bazel
+# without this file); every run's summary counts and lists such skips, so
+# a speed-up that was not measured does not pass unnoticed.
+TIMING_SKIP = 'timing skipped under load: '
+
+
+def pytest_terminal_summary(terminalreporter):
+  skipped = []
+  for report in terminalreporter.stats.get('skipped', []):
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ''
+    if TIMING_SKIP in reason:
+      skipped.append(f'{report.nodeid}: '
+                     f'{reason.split(TIMING_SKIP, 1)[1]}')
+  terminalreporter.write_line(
+      f'timing tests skipped under load: {len(skipped)}',
+      yellow=bool(skipped))
+  for line in skipped:
+    terminalreporter.write_line(f'  SKIPPED (not measured) {line}',
+                                yellow=True)

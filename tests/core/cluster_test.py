@@ -289,7 +289,8 @@ class ClusterTest(absltest.TestCase):
     tested = [(pipe, control) for pipe, control in attempts
               if control >= min_control]
     if not tested:
-      self.skipTest('core 1 was not free: two independent computations on '
+      self.skipTest('timing skipped under load: core 1 was not free: two '
+                    'independent computations on '
                     'two tasks ran only ' + ', '.join(
                         f'{c:.2f}x' for _, c in attempts) + ' faster than '
                     f'on one (needs {min_control}x to test overlap)')
