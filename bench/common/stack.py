@@ -237,7 +237,7 @@ def TrainStep(layer: base_layer.BaseLayer,
   Returning the gradients instead (StepFunction) makes each one a send
   to the client on a worker after its last task: AmoebaNet-D K=1 M=1 on
   a worker spent 79-133 ms a step outside its tasks that way, 19-28 ms
-  with this step (docs/DESIGN.md section 31). A trainer never does that.
+  with this step (docs/DESIGN.md section 18). A trainer never does that.
   """
   variables = layer.vars.Flatten()
   sgd = optimizer.SGD.Params().Set(name='sgd').Instantiate()

@@ -60,7 +60,7 @@ the model; per server it reads:
 The first version read activations from RSS with glibc's mmap threshold
 lowered; that under-reads small tensors (glibc keeps freed small blocks
 resident, and the next step reuses them without RSS rising:
-docs/DESIGN.md section 20), which flattered the pipelines' small
+docs/DESIGN.md section 17), which flattered the pipelines' small
 micro-batches.
 
 A model fits when every device's `device` is within --budget_mib. The

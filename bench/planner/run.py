@@ -34,7 +34,7 @@ For each model, (K, M) and schedule, recompute 'always', batch 32:
    first profiles the first round's splits whole again (as 1), then
    times them (as 2) on fresh workers. This machine runs a core at one
    of two speeds, about 1.3x apart, for 10-60 s at a time
-   (docs/DESIGN.md section 31), so a prediction and a timing minutes
+   (docs/DESIGN.md section 18), so a prediction and a timing minutes
    apart may not be of the same machine. The table compares the fast
    state: the prediction from each partition's least F and B over the
    rounds, against the least of the rounds' median steps. It also gives
@@ -229,7 +229,7 @@ def _Replay(trace: Any) -> Dict[str, Any]:
   step_model runs it), which misses only what the schedule misses beyond
   the tasks' own times. No hand-offs: a received input arrives inside the
   stamped task that reads it (AmoebaNet-D K=2 M=1: F1 ran 5-7 ms over its
-  profile, the receive 9.5 ms; docs/DESIGN.md section 33)."""
+  profile, the receive 9.5 ms; docs/DESIGN.md section 19)."""
   from lingvo_pipe.core import schedule  # pylint: disable=g-import-not-at-top
   layer, = trace.Layers()
   fwd, bwd = trace.MeanSeconds(layer)

@@ -33,7 +33,7 @@ pictures: the measured timeline (step_trace) of one training step of each
 schedule on the two pinned workers, K=2 M=8 recompute 'never' (interleaved
 with V=2), written as <schedule>.svg and .json into --pictures.
 
-Targets (docs/DESIGN.md sections 2 and 36): 1F1B K=2 M=8 reaches at least
+Targets (docs/DESIGN.md sections 2 and 29): 1F1B K=2 M=8 reaches at least
 0.9 of GPipe's ideal; interleaved K=2 V=2 M=4 beats GPipe K=2 M=4 by at
 least half of what the two ideals predict; K=8 M=32 first step at most
 10 s for every schedule.
