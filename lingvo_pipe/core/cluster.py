@@ -12,7 +12,7 @@ TensorFlow's runtime moves the activations between tasks (Send/Recv).
 With R data-parallel replicas, replica r's partition k runs on task
 r * K + k (`PlacePipelines`).
 
-Failures (measured on loopback, docs/DESIGN.md section 17): by default
+Failures (measured on loopback, docs/DESIGN.md section 10): by default
 TensorFlow waits without limit for a task that is not up, and for one
 that stops answering. So `Connect` first waits, bounded, until every
 task answers a gRPC handshake and names the ones that do not, and sets
@@ -27,7 +27,7 @@ A worker needs at least two inter-op threads for the partitions to overlap:
 with one (a server pinned to one core gets one by default) its executor
 runs a partition's micro-batches back to back on that thread and the
 sends of finished micro-batches wait until the last one is done, so the
-workers take turns (docs/DESIGN.md section 15). `StartServer` sees to it.
+workers take turns (docs/DESIGN.md section 13). `StartServer` sees to it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ On a machine without accelerators the CPU can be split into N logical
 devices (`/device:CPU:0` .. `/device:CPU:N-1`). They share the process's
 thread pools; by default each op then gets cores / N intra-op threads, so
 that N partitions working at once use the cores side by side instead of
-fighting over all of them (docs/DESIGN.md section 14).
+fighting over all of them (docs/DESIGN.md section 12).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def SplitCpu(num_devices: int, share_cores: bool = True) -> List[str]:
   thread count was set before (tf.config.threading): K partitions that
   run at once then each use their share of the cores. On 2 cores a step
   of 2 partitions and 8 micro-batches took about 20% less time
-  (docs/DESIGN.md section 14).
+  (docs/DESIGN.md section 12).
   """
   if num_devices < 1:
     raise ValueError(f'SplitCpu needs num_devices >= 1, got {num_devices}.')

@@ -3,7 +3,7 @@
 `MatmulLastDim` (x [..., i] @ w), `RowsMatmul` (a projection's weight
 gradient), `PointwiseConv` (1x1) and `Conv2D` (k x k). On a CPU, TF's
 einsum and convolution backprop kernels hold large scratch buffers or run
-slowly (docs/DESIGN.md sections 27, 29 and 30); these functions express
+slowly (docs/DESIGN.md sections 11 and 27); these functions express
 the same products as 2-D MatMuls and forward convolutions with exact
 gradients. `layers` builds its projections and convolutions on them.
 """
@@ -25,10 +25,10 @@ def MatmulLastDim(x: tf.Tensor, w: tf.Tensor,
   builds the [rows, i, o] outer products and then sums them: a
   [4, 64, 512] input through two 512 x 512 projections peaked at 1026 MiB
   and took 849 ms per step, against 2.5 MiB and 15 ms with this function
-  (bench/projection, docs/DESIGN.md section 27). And on a CPU TF's Einsum
+  (bench/projection, docs/DESIGN.md section 11). And on a CPU TF's Einsum
   op is 1.3-2x slower than the MatMul it stands for, even forward: with it
   here, AmoebaNet-D's 1x1 convolutions made a whole step 1.3-1.5x slower
-  (docs/DESIGN.md section 30).
+  (docs/DESIGN.md section 11).
   """
   w = tf.convert_to_tensor(w)
   i, o = (w.shape[1], w.shape[0]) if transpose_w else (w.shape[0],
@@ -78,7 +78,7 @@ def PointwiseConv(x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
   """A 1x1 convolution of stride 1, x [..., in] and w [1, 1, in, out], as
   `MatmulLastDim`. TF's CPU filter-gradient kernel holds a scratch buffer
   of up to 32 MiB whatever the batch (13 MiB for 4 images of 16x16x64); the
-  matmul's gradient holds only its result (docs/DESIGN.md section 29)."""
+  matmul's gradient holds only its result (docs/DESIGN.md section 27)."""
   return MatmulLastDim(x, tf.reshape(w, w.shape[2:]))
 
 
@@ -89,7 +89,7 @@ def Conv2D(x: tf.Tensor, w: tf.Tensor, strides: Tuple[int, int],
 
   On a CPU both gradients avoid TF's backprop kernels, which hold a
   scratch buffer of 8-32 MiB whatever the batch (docs/DESIGN.md section
-  29): the input's gradient is a forward convolution of the output
+  27): the input's gradient is a forward convolution of the output
   gradient (`_ConvInputGradient`), and the filter's is im2col (the input's
   patches, `tf.image.extract_patches`, times the output gradient, one
   matmul) when the patches take at most 8 MiB, TF's kernel above that.
@@ -152,7 +152,7 @@ def _ConvInputGradient(dy: tf.Tensor, w: tf.Tensor, x_shape: tf.TensorShape,
 
 
 # Conv2D's im2col filter gradient up to this many bytes of patches: the
-# smallest scratch measured of TF's CPU kernel (docs/DESIGN.md section 29).
+# smallest scratch measured of TF's CPU kernel (docs/DESIGN.md section 27).
 _IM2COL_MAX_BYTES = 8 * 2**20
 
 

@@ -149,7 +149,7 @@ class BatchNormLayer(base_layer.BaseLayer):
     theta = theta.Transform(lambda v: tf.cast(v, inputs.dtype))
     # `inputs - mean` once: written twice, the gradient keeps both copies
     # (one for the variance, one for the scale), a second activation-sized
-    # tensor per layer (docs/DESIGN.md, section 20).
+    # tensor per layer (docs/DESIGN.md, section 17).
     if self.training:
       mean = tf.reduce_mean(inputs, axis=axes)
       centered = inputs - mean

@@ -38,7 +38,7 @@ function instead of pasting S x M copies of the layers back into the
 graph, so start-up does not grow with M either. The gradient is added to
 the running sum inside the backward call, where the sum takes the fresh
 gradient's buffer: a separate addition would hold a third copy of the
-stage's parameters (docs/DESIGN.md section 28). The first sum starts from
+stage's parameters (docs/DESIGN.md section 26). The first sum starts from
 zeros, so every backward call is the same function, and 0 + g is g.
 Backward_s traces the cell under `NoStatUpdates`, so statistics
 (BatchNorm) are accumulated once per micro-batch.

@@ -24,7 +24,7 @@ single variables too, so every replica's micro-batches add to them and
 the moving averages see the whole batch.
 
 Why one copy and a sum on the variable's device rather than mirrored
-copies and an all-reduce: docs/DESIGN.md section 16 (measured).
+copies and an all-reduce: docs/DESIGN.md section 14 (measured).
 Layers outside pipelines run where the train step runs (the trainer's
 process), for every replica.
 """

@@ -67,7 +67,7 @@ def AddGradients(acc: Leaves, grads: Leaves) -> Leaves:
 
   Called inside a backward function, the sum can take the buffer of the
   gradient just computed, so a running sum costs no third copy
-  (docs/DESIGN.md section 28).
+  (docs/DESIGN.md section 26).
   """
   return [None if g is None else a + g for a, g in zip(acc, grads)]
 

@@ -292,7 +292,7 @@ def ProfilePartitions(layers: Sequence[hyperparams.Params],
   starts a layer's gradient ops while later ones still run and frees
   residuals early, so summed residuals and backward peaks over-count
   (AmoebaNet-D, 10 layers in one partition: 259 MiB from the layers,
-  220 measured whole and in the pipeline; docs/DESIGN.md section 31).
+  220 measured whole and in the pipeline; docs/DESIGN.md section 18).
   Arguments as ProfileLayers'.
   """
   # ProfileLayers gives each partition `dtype` where it has none, and its
@@ -320,7 +320,7 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
 
   Partitions that share a host's caches and memory slow each other: on
   this machine AmoebaNet-D's first partition's backward took 19% longer
-  with the other core busy (docs/DESIGN.md section 31). Each child
+  with the other core busy (docs/DESIGN.md section 18). Each child
   measures partition k on the real outputs of partitions 0..k-1 (run once
   before the barrier), as ProfilePartitions does, and
   keeps allocator statistics if this process's environment asks for them

@@ -23,7 +23,7 @@ then measured again, each as one SequentialLayer (as the pipeline runs
 it), and the prediction printed comes from those (`Refine`): summed
 layers over-count a partition's memory, because TensorFlow's executor
 overlaps one layer's backward with the next and frees residuals early
-(docs/DESIGN.md section 31).
+(docs/DESIGN.md section 18).
 
 Each boundary's tensor is handed on once per micro-batch each way (the
 activation forward, its gradient back). What that costs is measured once
@@ -34,7 +34,7 @@ and enters the schedule as a delay on each dependency across a boundary
 partition's backward is measured without the gradient of the pipeline's
 input when the model's params class says the step makes none
 (PIPELINE_INPUT_GRADIENT = False: images), as the pipeline runs it
-(docs/DESIGN.md section 33).
+(docs/DESIGN.md section 18).
 
 Without K or M it suggests them: every K from 1 to the number of devices
 and every M dividing the batch (measured again for each micro-batch
@@ -57,7 +57,7 @@ steady state (V = 1: with V > 1 stages per device the stages are
 measured one after another). Partitions sharing a host's caches and
 memory slow each other: on an earlier VM AmoebaNet-D's first partition's
 backward took 19% longer with the other core busy (docs/DESIGN.md
-section 31). Without
+section 18). Without
 --cores they are measured one after another on this process's device (a
 GPU's partitions do not share one).
 """
@@ -688,7 +688,7 @@ def SetUpProcess() -> None:
   layer's backward with them), and a process on one core runs two
   inter-op threads, as a worker server does (cluster.
   EnsureInterOpThreads); both change the memory a backward holds
-  (docs/DESIGN.md section 20).
+  (docs/DESIGN.md section 17).
   """
   os.environ.setdefault('TF_CPU_ALLOCATOR_USE_BFC', 'true')
   cluster.EnsureInterOpThreads()

@@ -43,7 +43,7 @@ Memory of stage s, for one step, in bytes:
                B(s, m), each holding H_s = R_s if the stage keeps its
                activations, + out on the last stage (that micro-batch's
                output gradient: the loss head makes it as F(S-1, m) ends
-               and frees the output, docs/DESIGN.md section 31)
+               and frees the output, docs/DESIGN.md section 19)
              + during a backward of its own, max(W_s, P_s), less R_s if
                it keeps (that micro-batch's residuals, in W_s and among
                those in flight): W_s while one micro-batch is re-computed
@@ -51,7 +51,7 @@ Memory of stage s, for one step, in bytes:
                each gradient to the sum as it is made, into the
                gradient's own buffer, and the old sum, an input of the
                call, lives until the call ends (measured 2.00 P_s in all,
-               docs/DESIGN.md section 28)
+               docs/DESIGN.md section 26)
   peak       resident + gradients + kept; the step memory (what a step
              adds over the memory between steps) is gradients + kept
 
@@ -87,7 +87,7 @@ last layer's is among the held ones):
   W_s = max_j  sum_{i<j} (R_i + read_i) + read_j + backward_peak_j
                + out_j + sum_{i>j} P_i
 Temporaries and the executor's concurrency are in the measured working
-set; the static residuals alone missed both (docs/DESIGN.md section 20).
+set; the static residuals alone missed both (docs/DESIGN.md section 17).
 """
 
 from __future__ import annotations

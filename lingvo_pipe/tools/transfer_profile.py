@@ -3,7 +3,7 @@
 Between partitions k and k+1 a pipeline sends each micro-batch's output
 forward and, in the backward, its gradient (the same bytes) back. On
 one host's worker processes that goes through TensorFlow's gRPC runtime
-(on the machine of docs/DESIGN.md section 31, about 0.7 ms per MiB); on
+(on the machine of docs/DESIGN.md section 19, about 0.7 ms per MiB); on
 an accelerator through its links; between logical CPUs of one process
 it is next to free. The planner adds it to the schedule (step_model's
 hop_s), measured here between two of the target's devices:

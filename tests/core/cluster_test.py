@@ -269,7 +269,7 @@ class ClusterTest(absltest.TestCase):
 
     Measured here: two tasks ran the pipeline forward 1.52x and 1.74x
     faster than one task (ideal 16/9 = 1.78x) while the control gained
-    1.95x and 1.94x. With the bug of docs/DESIGN.md section 15 (servers
+    1.95x and 1.94x. With the bug of docs/DESIGN.md section 13 (servers
     with one inter-op thread, the partitions take turns): 0.90-1.06x beside
     a control of 1.80-1.89x. The test asks the pipeline for 0.35 of the
     control's gain (1.33x beside 1.94x). With a busy loop on core 1 the

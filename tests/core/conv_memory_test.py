@@ -1,6 +1,6 @@
 """A stack of convolutions' backward on a CPU, against TensorFlow's
 allocator: what it holds beyond the activations (docs/DESIGN.md
-section 29).
+section 27).
 
 TF's CPU Conv2DBackpropInput and Conv2DBackpropFilter each hold a 32 MiB
 scratch buffer even for these small images, and im2col's patches, if built

@@ -52,7 +52,7 @@ class MatmulLastDimTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(False, True)
   def testThreeMatMulsAndNoEinsum(self, transpose_w):
     # TF's CPU Einsum kernel is 1.3-2x slower than MatMul on the same
-    # product (docs/DESIGN.md section 30): the forward and both gradients
+    # product (docs/DESIGN.md section 11): the forward and both gradients
     # are each one MatMul.
     w = tf.Variable(tf.zeros([20, 12] if transpose_w else [12, 20]))
 

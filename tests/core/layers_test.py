@@ -245,7 +245,7 @@ class ConvTest(_Case):
   def testNoConvBackpropKernelOnCpu(self):
     # TF's CPU Conv2DBackpropInput and Conv2DBackpropFilter hold a scratch
     # buffer of up to 32 MiB whatever the batch (docs/DESIGN.md section
-    # 29): on a CPU the input's gradient is a forward convolution, and the
+    # 27): on a CPU the input's gradient is a forward convolution, and the
     # filter's a matmul (1x1) or im2col, unless im2col's patches would
     # take more than 8 MiB. Under an accelerator's scope (traced only; no
     # GPU here) a k x k filter keeps TF's kernels.
