@@ -485,7 +485,7 @@ def _Run() -> None:
     spec = cluster.ParseClusterSpec(spec_text)
     _CheckTaskCount(p, spec)
     names = cluster.Connect(spec, timeout_secs=FLAGS.worker_timeout_secs)
-    cluster.PlacePipelines(p.task, names)
+    base_model.PlacePipelines(p.task, names)
     watchdog = cluster.Watchdog(
         spec, lambda *lost: f'error: {_WorkerLost(*lost)}').Start()
     stack.callback(watchdog.Stop)

@@ -31,13 +31,14 @@ amoebanet grows the filters D of lingvo_pipe.tasks.image.amoebanet's
 AmoebaNet-D (6, D) (the published cells, CIFAR stem) on 16x16 images,
 batch 32 (partitioned by flops).
 
-A device is a `tf.distribute.Server` process on 127.0.0.1 (`LocalWorkers`,
-one per partition; naive and pipeline-1 use one). Its memory is what
-TensorFlow's allocator holds for tensors there, as a GPU's memory would
-be counted: the servers run with TF_CPU_ALLOCATOR_USE_BFC=true, so the CPU
-allocator keeps statistics, and `LocalWorkers.ReadMemory` reads them (the
-server reports on SIGUSR1). One client process per probe builds and runs
-the model; per server it reads:
+A device is a `tf.distribute.Server` process on 127.0.0.1, one per
+partition (naive and pipeline-1 use one): a memory worker of
+lingvo_pipe.tools.memory_worker (`MemoryWorkers`), which reports its
+allocator on SIGUSR1. Its memory is what TensorFlow's allocator holds for
+tensors there, as a GPU's memory would be counted: the servers run with
+TF_CPU_ALLOCATOR_USE_BFC=true, so the CPU allocator keeps statistics,
+and `MemoryWorkers.ReadMemory` reads them. One client process per probe
+builds and runs the model; per server it reads:
 
   param      allocator bytes after the client created the variables and
              Adam's slots, minus before (measured); beside it the exact
@@ -89,8 +90,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from bench.common import cli  # noqa: E402
-from lingvo_pipe.core import local_workers  # noqa: E402
 from lingvo_pipe.core import schedule as schedule_lib  # noqa: E402
+from lingvo_pipe.tools import memory_worker  # noqa: E402
 
 SETUPS = {'naive': 'naive', '1': 'pipeline-1', '2': 'pipeline-2',
           '4': 'pipeline-4'}
@@ -179,7 +180,7 @@ def Probe(num_workers: int,
   """
   from bench.common import proc  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory(prefix='table1_') as logs, \
-      local_workers.LocalWorkers(
+      memory_worker.MemoryWorkers(
           num_workers, logs,
           env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'}) as workers:
     from lingvo_pipe.core import quiet  # pylint: disable=g-import-not-at-top

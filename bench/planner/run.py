@@ -46,8 +46,8 @@ For each model, (K, M) and schedule, recompute 'always', batch 32:
    tasks). `--tables_from=RUN.json` prints a run's tables again (a run
    from before the schedule column reads as GPipe).
 4. Step memory per worker (in the first round's split): its allocator's
-   peak during a step minus what it held before the step (workers with
-   TF_CPU_ALLOCATOR_USE_BFC=true, read by LocalWorkers.ReadServerMemory),
+   peak during a step minus what it held before the step (memory workers
+   with TF_CPU_ALLOCATOR_USE_BFC=true, lingvo_pipe.tools.memory_worker),
    the most of five steps after warm-up; that is repeated on
    `memory_runs` fresh pairs of workers and the median reported with the
    range (one run's reading of a cell varies by up to a third: the
@@ -76,15 +76,17 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-# The memory pass only: TF's CPU allocator then keeps statistics (as a
-# GPU's always does), read from each worker by LocalWorkers' ReadMemory.
-# Times are taken without it (TF's defaults, as a user runs).
+# The memory pass only, on memory workers: TF's CPU allocator then keeps
+# statistics (as a GPU's always does), read from each worker by
+# memory_worker.ReadServerMemory. Times are taken without it, on plain
+# workers (TF's defaults, as a user runs).
 MEMORY_ENV = {'TF_CPU_ALLOCATOR_USE_BFC': 'true'}
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 
 from bench.common import cli  # noqa: E402
 from bench.common import cores  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
+from lingvo_pipe.tools import memory_worker  # noqa: E402
 
 BATCH = 32
 SCHEDULES = ('gpipe', '1f1b')  # one stage per device, as the workers run
@@ -214,9 +216,9 @@ def _StepMemory(fn: Any, inputs: Any, pids: List[int],
   two threads the executor's order, and so the peak, varies."""
   readings = []
   for _ in range(5):
-    before = local_workers.ReadServerMemory(pids, addresses)
+    before = memory_worker.ReadServerMemory(pids, addresses)
     fn(inputs)[0].numpy()
-    after = local_workers.ReadServerMemory(pids, addresses)
+    after = memory_worker.ReadServerMemory(pids, addresses)
     readings.append([a['CPU:0']['peak'] - b['CPU:0']['current']
                      for a, b in zip(after, before)])
   return [max(r) for r in zip(*readings)]
@@ -305,10 +307,12 @@ def _MeasureOnWorkers(args: argparse.Namespace, part: str,
                       pred: Dict[str, Any],
                       env: Dict[str, str]) -> Dict[str, Any]:
   """The `part` ('memory' or 'time') of every configuration, on two
-  fresh pinned workers that (like the client) run with `env`."""
+  fresh pinned workers (memory workers for 'memory') that, like the
+  client, run with `env`."""
+  workers_class = (memory_worker.MemoryWorkers if part == 'memory'
+                   else local_workers.LocalWorkers)
   with tempfile.TemporaryDirectory(prefix='planner_') as logs:
-    with local_workers.LocalWorkers(2, logs, cores=[0, 1],
-                                    env=env) as workers:
+    with workers_class(2, logs, cores=[0, 1], env=env) as workers:
       return _Child(args, part, [
           f'--cluster_spec={workers.spec}',
           '--pids=' + ','.join(map(str, workers.pids)),

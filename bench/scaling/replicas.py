@@ -105,7 +105,7 @@ def _Task(stack: stack_lib.Stack, config: Config,
                 for i in range(0, stack.num_layers, n)])
   p.train.Set(optimizer=optimizer.SGD.Params(), learning_rate=1e-6,
               num_replicas=replicas)
-  cluster.PlacePipelines(p, names)
+  base_model.PlacePipelines(p, names)
   task = p.Instantiate()
   task.CreateTrainState()
   return task

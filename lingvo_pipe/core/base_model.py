@@ -142,7 +142,9 @@ def PipelineParams(task_params: Any, path: str = 'task'
                    ) -> List[Tuple[str, hyperparams.Params]]:
   """[(path, params)] of every PipeliningLayer in the params, in order.
 
-  Paths are dotted from `path`, as --model_params_override names them.
+  Walks nested Params, lists, tuples and dicts, as NumDevicesNeeded does.
+  Paths are dotted from `path`, as --model_params_override names them
+  (a list's or dict's entry in brackets).
   """
   found = []
   if isinstance(task_params, hyperparams.Params):
@@ -154,7 +156,38 @@ def PipelineParams(task_params: Any, path: str = 'task'
   elif isinstance(task_params, (list, tuple, hyperparams.FrozenList)):
     for i, value in enumerate(task_params):
       found += PipelineParams(value, f'{path}[{i}]')
+  elif isinstance(task_params, Mapping):
+    for key, value in task_params.items():
+      found += PipelineParams(value, f'{path}[{key!r}]')
   return found
+
+
+def PlacePipelines(params: Any, device_names: List[str],
+                   replicas: Optional[int] = None) -> int:
+  """Sets `devices` of every pipeline params (`PipelineParams`) that has
+  none, e.g. to the devices of a cluster's tasks (`cluster.Connect`).
+
+  Replica r's partition k goes to device r * K + k (`replicas` defaults to
+  the task params' train.num_replicas, 1 if none). Returns how many
+  pipelines were placed. A pipeline needing more devices than there are
+  is an error naming both numbers.
+  """
+  if replicas is None:
+    replicas = NumReplicas(params)
+  placed = 0
+  for _, pipeline in PipelineParams(params):
+    if 'devices' not in pipeline or pipeline.devices is not None:
+      continue
+    k = len(pipeline.cell_tpl)
+    if k * replicas > len(device_names):
+      raise ValueError(
+          f'A pipeline has {k} partitions x {replicas} replica(s) = '
+          f'{k * replicas} tasks but the cluster has '
+          f'{len(device_names)}; add worker tasks or use fewer '
+          'partitions or replicas.')
+    pipeline.devices = list(device_names[:k * replicas])
+    placed += 1
+  return placed
 
 
 class AverageMetric:

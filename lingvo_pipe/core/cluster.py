@@ -10,7 +10,7 @@ runs on worker task k:
 
 TensorFlow's runtime moves the activations between tasks (Send/Recv).
 With R data-parallel replicas, replica r's partition k runs on task
-r * K + k (`PlacePipelines`).
+r * K + k (`base_model.PlacePipelines` sets each pipeline's devices).
 
 Failures (measured on loopback, docs/DESIGN.md section 10): by default
 TensorFlow waits without limit for a task that is not up, and for one
@@ -38,15 +38,14 @@ import re
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from lingvo_pipe.core import base_model
 from lingvo_pipe.core import devices
-from lingvo_pipe.core import local_workers
 from lingvo_pipe.core import pipeline_run
 
 # What TensorFlow reads for its default inter-op thread count.
@@ -96,24 +95,21 @@ def StartServer(spec: tf.train.ClusterSpec, job: str,
   return server
 
 
-def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int) -> None:
+def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int,
+          own_files: Sequence[str] = ()) -> None:
   """Starts the server, then serves until SIGTERM or SIGINT (Ctrl-C).
 
-  On either signal it deletes its note and ends by that signal (exit
-  status 128 + signal, as if it had not been caught). A server blocked in
+  On either signal it deletes its note (and `own_files`, files that a
+  caller keeps for this server on its host, e.g. the memory report of
+  lingvo_pipe.tools.memory_worker) and ends by that signal (exit status
+  128 + signal, as if it had not been caught). A server blocked in
   `join()` would never see Ctrl-C and would leave its note behind.
-
-  On SIGUSR1 it writes its devices' allocator statistics to
-  `local_workers.MemoryReportPath(address)` and starts a new peak
-  (`_WriteMemoryReport`; `LocalWorkers.ReadMemory` reads them).
   """
-  address = spec.task_address(job, task_index)
-  note = _NotePath(address)
-  report = local_workers.MemoryReportPath(address)
+  paths = [_NotePath(spec.task_address(job, task_index))] + list(own_files)
 
   def Stop(signum, unused_frame):
-    _Remove(note)
-    _Remove(report)
+    for path in paths:
+      _Remove(path)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -121,20 +117,6 @@ def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int) -> None:
   # note behind (Python's own SIGINT handler knows nothing of it).
   for signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(signum, Stop)
-  reports = [0]
-  _Remove(report)  # a killed server's, on this port: its count is not ours
-
-  def Report(unused_signum, unused_frame):
-    reports[0] += 1
-    try:
-      _WriteMemoryReport(report, reports[0])
-    except Exception as e:  # pylint: disable=broad-except
-      # Raised here it would end the server; the reader times out instead
-      # and names this log.
-      print(f'memory report {report} not written: {e}', file=sys.stderr,
-            flush=True)
-
-  signal.signal(signal.SIGUSR1, Report)
   StartServer(spec, job, task_index)
   # Short sleeps: the kernel may hand a signal to any of TF's threads, and
   # then Python runs the handler only when the main thread next wakes (seen:
@@ -150,35 +132,18 @@ def _Remove(path: str) -> None:
     pass
 
 
-def _WriteMemoryReport(path: str, seq: int) -> None:
-  """Writes {'seq': seq, 'devices': {name: {'current', 'peak'} or
-  {'error'}}} for CPU:0 and each GPU, then resets each peak to the current
-  bytes, so that the next report's peak is the one since this report.
-
-  These are the bytes TensorFlow's allocator holds for tensors (what
-  `tf.config.experimental.get_memory_info` reports): a GPU's always; the
-  CPU's only when the server runs with TF_CPU_ALLOCATOR_USE_BFC=true
-  (otherwise the entry says so). The file is replaced atomically.
-  """
-  names = ['CPU:0'] + [f'GPU:{i}' for i in range(
-      len(tf.config.list_physical_devices('GPU')))]
-  report = {'seq': seq, 'devices': {}}
-  for name in names:
-    try:
-      info = tf.config.experimental.get_memory_info(name)
-      tf.config.experimental.reset_memory_stats(name)
-    except (ValueError, RuntimeError) as e:
-      info = {'error': f'{e}'.strip().splitlines()[0]}
-    report['devices'][name] = info
-  tmp = f'{path}.{os.getpid()}.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(report, f)
-  os.replace(tmp, path)
+def ServerFilePath(address: str, suffix: str) -> str:
+  """/tmp/lingvo_pipe_worker_<port><suffix>: a file the server at
+  host:port keeps on its own host (its note; a tool's, e.g. a memory
+  report)."""
+  port = address.rsplit(':', 1)[-1]
+  return os.path.join(tempfile.gettempdir(),
+                      f'lingvo_pipe_worker_{port}{suffix}')
 
 
 def _NotePath(address: str) -> str:
   """Where a server notes its cluster spec, on its own host."""
-  return local_workers.ServerFilePath(address, '.json')
+  return ServerFilePath(address, '.json')
 
 
 def _Note(spec: tf.train.ClusterSpec, job: str, task: int) -> dict:
@@ -377,38 +342,3 @@ class Watchdog:
           print(self._message(task, address, why), file=sys.stderr,
                 flush=True)
           os._exit(1)  # pylint: disable=protected-access
-
-
-def PlacePipelines(params: Any, device_names: List[str],
-                   replicas: Optional[int] = None) -> int:
-  """Sets `devices` of every pipeline params in the tree that has none.
-
-  Replica r's partition k goes to device r * K + k (`replicas` defaults to
-  the task params' train.num_replicas, 1 if none). Returns how many
-  pipelines were placed. A pipeline needing more devices than there are
-  is an error naming both numbers.
-  """
-  if replicas is None:
-    replicas = base_model.NumReplicas(params)
-  placed = 0
-  stack = [params]
-  while stack:
-    value = stack.pop()
-    if isinstance(value, (list, tuple)):
-      stack.extend(value)
-    elif isinstance(value, dict):
-      stack.extend(value.values())
-    elif hasattr(value, 'IterParams'):
-      if 'cell_tpl' in value and 'devices' in value and value.cell_tpl:
-        if value.devices is None:
-          k = len(value.cell_tpl)
-          if k * replicas > len(device_names):
-            raise ValueError(
-                f'A pipeline has {k} partitions x {replicas} replica(s) = '
-                f'{k * replicas} tasks but the cluster has '
-                f'{len(device_names)}; add worker tasks or use fewer '
-                'partitions or replicas.')
-          value.devices = list(device_names[:k * replicas])
-          placed += 1
-      stack.extend(v for _, v in value.IterParams())
-  return placed

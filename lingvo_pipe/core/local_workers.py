@@ -44,16 +44,14 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from absl import logging
 
@@ -190,12 +188,6 @@ class LocalWorkers:
       _Terminate([self._procs[task]])
       raise
 
-  def ReadMemory(self, timeout: float = 30.0) -> List[Dict[str, Any]]:
-    """`ReadServerMemory` of every task."""
-    if not self._running:
-      raise RuntimeError('Start() the LocalWorkers before ReadMemory().')
-    return ReadServerMemory(self.pids, self.addresses, timeout)
-
   def __enter__(self) -> 'LocalWorkers':
     return self.Start()
 
@@ -203,7 +195,8 @@ class LocalWorkers:
     self.Stop()
 
   def _PickPorts(self) -> List[int]:
-    """A port per task (tests override this and _ServerCommand)."""
+    """A port per task (tests override this and _ServerCommand, and
+    lingvo_pipe.tools.memory_worker's MemoryWorkers _ServerCommand)."""
     return FreePorts(self._num_tasks)
 
   def _ServerCommand(self, task: int) -> List[str]:
@@ -276,69 +269,6 @@ def FreePorts(num: int) -> List[int]:
   finally:
     for sock in sockets:
       sock.close()
-
-
-def ReadServerMemory(pids: List[int], addresses: List[str],
-                     timeout: float = 30.0) -> List[Dict[str, Any]]:
-  """Each server's allocator bytes per device: {'CPU:0': {'current': ...,
-  'peak': ...}, ...}; the peak is the one since the previous read (the
-  first: since the server started), and a new one starts.
-
-  Signals each server (SIGUSR1; they run `cluster.Serve` on this host, as
-  LocalWorkers' do) and reads its report. On CPU the servers need
-  TF_CPU_ALLOCATOR_USE_BFC=true in their environment (LocalWorkers' env):
-  without it TensorFlow's default allocator keeps no statistics and this
-  raises saying so. (Where TensorFlow turns oneDNN on, on CPUs with
-  AVX-512, its allocator is oneDNN's, which keeps them anyway.)
-  """
-  paths = [MemoryReportPath(a) for a in addresses]
-  seqs = [_ReportSeq(path) for path in paths]
-  for pid in pids:
-    os.kill(pid, signal.SIGUSR1)
-  reports = []
-  deadline = time.monotonic() + timeout
-  for task, (path, seq) in enumerate(zip(paths, seqs)):
-    while _ReportSeq(path) <= seq:
-      if time.monotonic() > deadline:
-        raise WorkersFailed(
-            f'worker task {task} ({addresses[task]}, pid {pids[task]}) wrote '
-            f'no memory report to {path} within {timeout:g} s; is it a '
-            'lingvo_pipe server, and alive?')
-      time.sleep(0.01)
-    with open(path, encoding='utf-8') as f:
-      devices = json.load(f)['devices']
-    for name, info in devices.items():
-      if 'error' in info:
-        raise WorkersFailed(
-            f'worker task {task} keeps no memory statistics for {name} '
-            f"({info['error']}); start its server with "
-            "TF_CPU_ALLOCATOR_USE_BFC=true (LocalWorkers: env="
-            "{'TF_CPU_ALLOCATOR_USE_BFC': 'true'}).")
-    reports.append(devices)
-  return reports
-
-
-def ServerFilePath(address: str, suffix: str) -> str:
-  """/tmp/lingvo_pipe_worker_<port><suffix>: a file the server at
-  host:port keeps on its own host (its note, its memory report)."""
-  port = address.rsplit(':', 1)[-1]
-  return os.path.join(tempfile.gettempdir(),
-                      f'lingvo_pipe_worker_{port}{suffix}')
-
-
-def MemoryReportPath(address: str) -> str:
-  """Where the server at host:port writes its memory report on SIGUSR1
-  (`cluster.Serve`)."""
-  return ServerFilePath(address, '.memory.json')
-
-
-def _ReportSeq(path: str) -> int:
-  """The report's sequence number; 0 if there is none yet."""
-  try:
-    with open(path, encoding='utf-8') as f:
-      return int(json.load(f)['seq'])
-  except (OSError, ValueError, KeyError):
-    return 0
 
 
 def _PortOpen(port: int) -> bool:

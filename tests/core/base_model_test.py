@@ -280,6 +280,36 @@ class BaseTaskTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(4, base_model.NumDevicesNeeded(holder.Copy().Freeze()))
     self.assertEqual(2, base_model.NumDevicesNeeded([Pipeline(2)]))
 
+  def testPlacePipelines(self):
+    def Pipeline(k):
+      cell = layers.ProjectionLayer.Params().Set(input_dim=2, output_dim=2)
+      return gpipe.PipeliningLayer.Params().Set(cell_tpl=[cell] * k)
+
+    holder = base_model.BaseTask.Params()
+    holder.Define('encoder', Pipeline(3), 'A 3-cell pipeline.')
+    holder.Define('stacks', [Pipeline(2), {'deep': [Pipeline(1)]}],
+                  'Pipelines in a list and a dict.')
+    holder.stacks[0].devices = ['/job:other/task:0', '/job:other/task:1']
+    names = [f'/job:worker/task:{i}' for i in range(6)]
+    self.assertEqual(
+        [('task.encoder', holder.encoder), ('task.stacks[0]', holder.stacks[0]),
+         ("task.stacks[1]['deep'][0]", holder.stacks[1]['deep'][0])],
+        base_model.PipelineParams(holder))
+    self.assertEqual(2, base_model.PlacePipelines(holder, names))
+    self.assertEqual(names[:3], holder.encoder.devices)
+    self.assertEqual(names[:1], holder.stacks[1]['deep'][0].devices)
+    self.assertEqual(['/job:other/task:0', '/job:other/task:1'],
+                     holder.stacks[0].devices)  # it named its own
+
+    p = Pipeline(3)
+    with self.assertRaisesRegex(ValueError, r'3 partitions x 1 replica\(s\) '
+                                '= 3 tasks but the cluster has 2;'):
+      base_model.PlacePipelines(p, names[:2])
+    with self.assertRaisesRegex(ValueError, r'x 3 replica\(s\) = 9 tasks'):
+      base_model.PlacePipelines(p, names, replicas=3)
+    self.assertEqual(base_model.PlacePipelines(p, names, replicas=2), 1)
+    self.assertEqual(p.devices, names)
+
   def testPipelinedTaskTrainsWithStateOnEachPartition(self):
     task = _PipelinedTask.Params().Instantiate()
     self.assertEqual(2, task.NumDevicesNeeded())

@@ -6,7 +6,6 @@ The client checks that each partition's variables live on its worker task
 and that every gradient equals the local unpipelined reference.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from lingvo_pipe.core import local_workers
 _CLIENT = '''
 import sys
 import tensorflow as tf
-from lingvo_pipe.core import cluster, gpipe, layers
+from lingvo_pipe.core import base_model, cluster, gpipe, layers
 spec = cluster.ParseClusterSpec(sys.argv[1])
 names = cluster.Connect(spec)
 print('devices', names)
@@ -33,7 +32,7 @@ cells = [layers.SequentialLayer.Params().Set(sub=Blocks()[:2]),
          layers.SequentialLayer.Params().Set(sub=Blocks()[2:])]
 pipe_p = gpipe.PipeliningLayer.Params().Set(
     name='m', cell_tpl=cells, num_micro_batches=2, dtype=tf.float64)
-assert cluster.PlacePipelines(pipe_p, names) == 1
+assert base_model.PlacePipelines(pipe_p, names) == 1
 pipe = pipe_p.Instantiate()
 for k, cell in enumerate(pipe.cells):
   for v in cell.vars.Flatten():
@@ -122,34 +121,6 @@ for _ in range(3):
     break
 """
 
-# The client owns one worker whose CPU allocator keeps statistics; prints
-# what LocalWorkers.ReadMemory reports around a kept 4 MiB variable and a
-# step with 16 MiB temporaries, both on the worker.
-_MEMORY_CLIENT = """
-import json, sys
-import tensorflow as tf
-from lingvo_pipe.core import cluster, local_workers
-with local_workers.LocalWorkers(
-    1, sys.argv[1], env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'}) as workers:
-  names = cluster.Connect(cluster.ParseClusterSpec(workers.spec))
-  reads = {'start': workers.ReadMemory()[0]['CPU:0']}
-  with tf.device(names[0]):
-    v = tf.Variable(tf.zeros([2**20]))
-  reads['variable'] = workers.ReadMemory()[0]['CPU:0']
-  @tf.function(autograph=False)
-  def Step():
-    with tf.device(names[0]):
-      x = tf.random.stateless_normal([2**22], [1, 2]) + v[0]
-      return tf.reduce_sum(x * x)
-  Step().numpy()
-  reads['warm'] = workers.ReadMemory()[0]['CPU:0']
-  Step().numpy()
-  reads['step'] = workers.ReadMemory()[0]['CPU:0']
-  reads['idle'] = workers.ReadMemory()[0]['CPU:0']
-  print(json.dumps(reads), flush=True)
-"""
-
-
 class ClusterTest(absltest.TestCase):
 
   def testParseClusterSpec(self):
@@ -166,20 +137,6 @@ class ClusterTest(absltest.TestCase):
     spec = cluster.ParseClusterSpec('worker=localhost:1')
     with self.assertRaisesRegex(ValueError, 'Task 3 of job .worker. is not'):
       cluster.StartServer(spec, 'worker', 3)
-
-  def testPlacePipelinesNeedsEnoughTasks(self):
-    from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
-    from lingvo_pipe.core import layers  # pylint: disable=g-import-not-at-top
-    p = gpipe.PipeliningLayer.Params().Set(
-        cell_tpl=[layers.ProjectionLayer.Params()] * 3)
-    with self.assertRaisesRegex(ValueError, r'3 partitions x 1 replica\(s\) '
-                                '= 3 tasks but the cluster has 2;'):
-      cluster.PlacePipelines(p, ['/job:worker/task:0', '/job:worker/task:1'])
-    names = [f'/job:worker/task:{i}' for i in range(6)]
-    with self.assertRaisesRegex(ValueError, r'x 3 replica\(s\) = 9 tasks'):
-      cluster.PlacePipelines(p, names, replicas=3)
-    self.assertEqual(cluster.PlacePipelines(p, names, replicas=2), 1)
-    self.assertEqual(p.devices, names)
 
   def _StartServers(self):
     """Two servers, task i pinned to core i (LocalWorkers); stopped later."""
@@ -207,52 +164,6 @@ class ClusterTest(absltest.TestCase):
     out = self._Client(_CLIENT, spec)
     self.assertIn("'/job:worker/replica:0/task:1/device:CPU:0'", out)
     self.assertTrue(out.strip().endswith('ok'), out)
-
-  def testReadMemoryReportsTheWorkersAllocator(self):
-    """Bytes held on the worker, not in the client: a variable stays in
-    `current`, a step's temporaries show in its `peak` only, and each read
-    starts a new peak."""
-    out = self._Client(_MEMORY_CLIENT, self.create_tempdir().full_path)
-    reads = json.loads(out.strip().splitlines()[-1])
-    mib = 2**20
-    self.assertGreaterEqual(
-        reads['variable']['current'] - reads['start']['current'], 4 * mib)
-    step = reads['step']
-    # x and x * x are 16 MiB each; at least one is alive at the peak.
-    self.assertGreaterEqual(step['peak'] - reads['warm']['current'], 16 * mib)
-    self.assertLess(step['current'] - reads['warm']['current'], mib)
-    # No step since the last read: its peak is gone (a few small tensors
-    # of the runtime's own come and go).
-    self.assertLess(reads['idle']['peak'] - reads['idle']['current'], mib)
-
-  def testReadMemoryWithoutStatisticsSaysWhatToSet(self):
-    # TensorFlow's default CPU allocator keeps no statistics. Where it
-    # turns oneDNN on (CPUs with AVX-512), oneDNN's allocator does: turn
-    # it off, so the server runs the allocator this path is for.
-    workers = local_workers.LocalWorkers(
-        1, self.create_tempdir().full_path,
-        env={'TF_ENABLE_ONEDNN_OPTS': '0', 'TF_CPU_ALLOCATOR_USE_BFC': ''})
-    self.addCleanup(workers.Stop)
-    workers.Start()
-    with self.assertRaisesRegex(local_workers.WorkersFailed,
-                                "env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'}"):
-      workers.ReadMemory()
-
-  def testAReportThatCannotBeWrittenLeavesTheServerRunning(self):
-    workers = local_workers.LocalWorkers(
-        1, self.create_tempdir().full_path,
-        env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'})
-    self.addCleanup(workers.Stop)
-    workers.Start()
-    path = local_workers.MemoryReportPath(workers.addresses[0])
-    os.mkdir(path)  # the report cannot replace a directory
-    self.addCleanup(os.rmdir, path)
-    with self.assertRaisesRegex(local_workers.WorkersFailed,
-                                'wrote no memory report'):
-      workers.ReadMemory(timeout=2)
-    self.assertEqual(workers.Dead(), [])
-    with open(workers.log_paths[0], encoding='utf-8') as f:
-      self.assertIn(f'memory report {path} not written', f.read())
 
   def testServerOnOneCoreGetsTwoInterOpThreads(self):
     """Pinned to one core, a server would get one inter-op thread."""

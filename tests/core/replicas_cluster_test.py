@@ -22,7 +22,7 @@ from lingvo_pipe.core import local_workers
 _CLIENT = '''
 import json, sys
 import tensorflow as tf
-from lingvo_pipe.core import cluster
+from lingvo_pipe.core import base_model, cluster
 from tests.core import replica_task
 names = cluster.Connect(cluster.ParseClusterSpec(sys.argv[1]))
 local = '/device:CPU:0'  # the client's own CPU, as the runtime lists it
@@ -32,7 +32,7 @@ refs = {}  # (loss, gradients, values after one step) by micro-batches
 for replicas, partitions in ((2, 1), (1, 2), (2, 2)):
   micro = 2
   p = replica_task.TaskParams(partitions, micro, replicas)
-  cluster.PlacePipelines(p, names)
+  base_model.PlacePipelines(p, names)
   task = p.Instantiate()
   task.CreateTrainState()
   loss, grads = replica_task.Gradients(task, batch)
