@@ -123,13 +123,18 @@ def _IsPipeline(fields: Mapping[str, Any]) -> bool:
           all(isinstance(c, hyperparams.Params) for c in cells))
 
 
+def _DevicesPerReplica(fields: Mapping[str, Any]) -> int:
+  """K of a PipeliningLayer's fields: len(cell_tpl) / V stages per device."""
+  return (len(fields['cell_tpl']) //
+          max(1, int(fields.get('num_virtual_stages', 1))))
+
+
 def _MaxPartitions(value: Any) -> int:
   if isinstance(value, hyperparams.Params):
     fields = dict(value.IterParams())
     found = 0
     if _IsPipeline(fields):
-      found = (len(fields['cell_tpl']) //
-               max(1, int(fields.get('num_virtual_stages', 1))))
+      found = _DevicesPerReplica(fields)
     return max([found] + [_MaxPartitions(v) for v in fields.values()])
   if isinstance(value, (list, tuple, hyperparams.FrozenList)):
     return max([0] + [_MaxPartitions(v) for v in value])
@@ -167,10 +172,11 @@ def PlacePipelines(params: Any, device_names: List[str],
   """Sets `devices` of every pipeline params (`PipelineParams`) that has
   none, e.g. to the devices of a cluster's tasks (`cluster.Connect`).
 
-  Replica r's partition k goes to device r * K + k (`replicas` defaults to
-  the task params' train.num_replicas, 1 if none). Returns how many
-  pipelines were placed. A pipeline needing more devices than there are
-  is an error naming both numbers.
+  Replica r's partition k goes to device r * K + k, K = len(cell_tpl) /
+  V for V stages per device (`replicas` defaults to the task params'
+  train.num_replicas, 1 if none). Returns how many pipelines were placed.
+  A pipeline needing more devices than there are is an error naming both
+  numbers.
   """
   if replicas is None:
     replicas = NumReplicas(params)
@@ -178,7 +184,7 @@ def PlacePipelines(params: Any, device_names: List[str],
   for _, pipeline in PipelineParams(params):
     if 'devices' not in pipeline or pipeline.devices is not None:
       continue
-    k = len(pipeline.cell_tpl)
+    k = _DevicesPerReplica(dict(pipeline.IterParams()))
     if k * replicas > len(device_names):
       raise ValueError(
           f'A pipeline has {k} partitions x {replicas} replica(s) = '

@@ -309,6 +309,11 @@ class BaseTaskTest(tf.test.TestCase, parameterized.TestCase):
       base_model.PlacePipelines(p, names, replicas=3)
     self.assertEqual(base_model.PlacePipelines(p, names, replicas=2), 1)
     self.assertEqual(p.devices, names)
+    # Interleaved: 4 stages, V=2 per device, so K=2 devices per replica.
+    p = Pipeline(4).Set(schedule='interleaved_1f1b', num_virtual_stages=2)
+    self.assertEqual(base_model.PlacePipelines(p, names, replicas=3), 1)
+    self.assertEqual(p.devices, names)
+    self.assertEqual(2, base_model.NumDevicesNeeded(p))  # the same K
 
   def testPipelinedTaskTrainsWithStateOnEachPartition(self):
     task = _PipelinedTask.Params().Instantiate()
