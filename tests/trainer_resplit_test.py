@@ -247,7 +247,7 @@ class TrainerResplitTest(trainer_testlib.TrainerTestBase,
     return [v for _, v in losses], result.stdout
 
   def testOneFOneBTrainsToTheSameLossAsGPipe(self):
-    """--model_params_override='task.network.schedule : 1f1b' on the
+    """--model_params_override="task.network.schedule : '1f1b'" on the
     README's model: the same objective, so the first step's loss is
     GPipe's bitwise; the gradients' sums run in another order, so float32
     rounding then drifts the runs apart (here under 2e-3 of the loss in
