@@ -18,9 +18,9 @@ whatever the allocator kept from earlier steps.
   activation step_peak - base: what one step holds at its worst moment,
              i.e. activations kept for the backward, gradients and
              temporaries. This is the number that should fall with M.
-  lifetime   peak over the whole process minus `built` (NOTES.md's
-             method): it also counts tracing and Grappler, which grow
-             with M because the schedule is unrolled.
+  lifetime   peak over the whole process minus `built`: it also counts
+             tracing and Grappler, which grow with M because the schedule
+             is unrolled.
 
 Peaks are read from VmHWM in /proc/self/status, the same high-water mark
 as `resource.getrusage(RUSAGE_SELF).ru_maxrss` for this process's own

@@ -40,9 +40,8 @@ from bench.common import stack as stack_lib
 HERE = os.path.dirname(os.path.abspath(__file__))
 Setup = stack_lib.Setup
 
-# Lingvo 0.14.2 on the default stack, idle machine (NOTES.md): s/step.
-LINGVO_NOTES = {'unpipelined': 2.38, 'K=2 M=8': 11.25, 'K=1 M=8': 12.98,
-                'K=2 M=1': 2.58}
+# The configurations compared with Lingvo 0.14.2.
+LINGVO_KEYS = ('unpipelined', 'K=2 M=8', 'K=1 M=8', 'K=2 M=1')
 # The issue's targets, as a multiple of the unpipelined step.
 TARGETS = {'K=2 M=8 never': 1.2, 'K=2 M=8 always': 1.5}
 
@@ -213,37 +212,30 @@ def MeasureLingvo(python: str, stack: stack_lib.Stack, warmup: int,
   return out
 
 
-def LingvoTable(stack: stack_lib.Stack, ours: Dict[str, Dict[str, dict]],
+def LingvoTable(ours: Dict[str, Dict[str, dict]],
                 lingvo: Optional[Dict[str, List[float]]]) -> str:
   """Ratios to each library's own unpipelined step, side by side.
 
   Ours: the framework's default threads, to the faster unpipelined row.
   """
-  default_stack = stack == stack_lib.Stack()
   med = {k: statistics.median(v['times'])
          for k, v in ours[THREADS[0]].items()}
   base = statistics.median(ours[BestUnpipelined(ours)]['unpipelined']['times'])
   lmed = {k: statistics.median(v) for k, v in (lingvo or {}).items()}
   head = (f'{"configuration":<12} {"ours always":>12} {"ours never":>11} '
-          f'{"Lingvo here":>16} {"Lingvo NOTES.md":>16}')
+          f'{"Lingvo here":>16}')
   lines = ['Against Lingvo 0.14.2 (TF1 graph mode, re-computes like '
            "'always'); each ratio is to that", "library's own unpipelined "
-           'step. "Lingvo NOTES.md" is quoted from NOTES.md (same stack,',
-           'same machine type, idle, not this run); "Lingvo here" ran in '
-           'subprocesses of this run,', 'after our timings.', '', head,
-           '-' * len(head)]
-  for key in LINGVO_NOTES:
+           'step. "Lingvo here" ran in subprocesses of this run, after our '
+           'timings.', '', head, '-' * len(head)]
+  for key in LINGVO_KEYS:
     always = med.get(f'{key} always', med.get(key))
     never = med.get(f'{key} never', med.get(key))
     here = '-'
     if key in lmed:
       here = f'{_Ratio(lmed[key], lmed["unpipelined"])} ({lmed[key]:.2f} s)'
-    notes = LINGVO_NOTES[key]
-    quoted = (f'{_Ratio(notes, LINGVO_NOTES["unpipelined"])} '
-              f'({notes:.2f} s)' if default_stack else 'other stack')
     lines.append(f'{key:<12} {_Ratio(always, base):>12} '
-                 f'{_Ratio(never, base):>11} {here:>16} '
-                 f'{quoted:>16}')
+                 f'{_Ratio(never, base):>11} {here:>16}')
   return '\n'.join(lines)
 
 
@@ -336,7 +328,7 @@ def MemoryTable(stack: stack_lib.Stack, results: Dict[str, dict]) -> str:
   lines = [f'Peak memory: {stack.Describe()}; K=2.',
            'activation = peak RSS during steps - RSS after tracing and one '
            'warm-up step;', 'lifetime = peak RSS of the process - RSS after '
-           'building (NOTES.md method). MiB.', '', head, '-' * len(head)]
+           'building. MiB.', '', head, '-' * len(head)]
   for label, r in results.items():
     lines.append(f'{label:<18} {r["activation"]:>14.0f} '
                  f'{r["step_peak"]:>9.0f} {r["base"]:>6.0f} '
@@ -400,7 +392,7 @@ def main(argv: Sequence[str]) -> None:
     if args.lingvo_python:
       raw['lingvo'] = MeasureLingvo(args.lingvo_python, stack, args.warmup,
                                     args.lingvo_steps)
-    tables.append(LingvoTable(stack, raw['time'], raw.get('lingvo')))
+    tables.append(LingvoTable(raw['time'], raw.get('lingvo')))
   if args.json_out:
     with open(args.json_out, 'w') as f:
       json.dump(raw, f, indent=1)
