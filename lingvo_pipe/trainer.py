@@ -233,6 +233,7 @@ class Runner:
         max_to_keep=model_params.task.train.checkpoints_to_keep)
     self._functions: Dict[str, Callable[..., Any]] = {}
     self._writers: Dict[str, Any] = {}
+    self._trace: Optional[Any] = None  # TracePipeline's StepTrace
 
   @property
   def task(self) -> Any:
@@ -280,16 +281,25 @@ class Runner:
     data = self._Dataset(dataset)
     return None if data is None else iter(data)
 
+  def _Pipelines(self) -> List[Any]:
+    """The task's PipeliningLayers."""
+    from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
+    return [layer for layer in self._task.Layers()
+            if isinstance(layer, gpipe.PipeliningLayer)]
+
+  def Balance(self, layer: Any) -> str:
+    """`layer.Describe` for one replica's train batch: the balance report."""
+    replicas = self._p.task.train.num_replicas
+    return layer.Describe(self._p.train_input.batch_size // replicas,
+                          replicas)
+
   def WriteTimelines(self) -> List[str]:
     """pipeline_<layer>.svg in the logdir for each PipeliningLayer."""
-    from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
     from lingvo_pipe.core import timeline  # pylint: disable=g-import-not-at-top
     replicas = self._p.task.train.num_replicas
     batch_size = self._p.train_input.batch_size // replicas
     written = []
-    for layer in self._task.Layers():
-      if not isinstance(layer, gpipe.PipeliningLayer):
-        continue
+    for layer in self._Pipelines():
       svg = timeline.ScheduleSvg(
           layer.Table(layer.NumMicroBatches(batch_size)), layer.devices,
           layer.path)
@@ -297,7 +307,7 @@ class Runner:
           self._logdir, f"pipeline_{layer.path.replace('/', '.')}.svg")
       with open(path, 'w', encoding='utf-8') as f:
         f.write(svg)
-      print(layer.Describe(batch_size, replicas), flush=True)
+      print(self.Balance(layer), flush=True)
       written.append(path)
     return written
 
@@ -308,6 +318,24 @@ class Runner:
       for name, value in values.items():
         summary.Scalar(name, value, step)
     self._Writer(writer_name).flush()
+
+  def _SummarizeStart(self, step: int) -> None:
+    """At the step training starts from, as text: the params and each
+    pipeline's balance; the measured timeline (TracePipeline) as a PNG."""
+    from lingvo_pipe.core import summary  # pylint: disable=g-import-not-at-top
+    from lingvo_pipe.core import timeline_png  # pylint: disable=g-import-not-at-top
+    with self._Writer('train').as_default():
+      summary.Text('params.txt', self._p.ToText(), step,
+                   'The final params, as in params.txt.')
+      for layer in self._Pipelines():
+        summary.Text(f'balance/{layer.path}', self.Balance(layer), step,
+                     'Devices, micro-batches, schedule, bubble and '
+                     'parameters per partition.')
+      if self._trace is not None:
+        summary.Image('pipeline_trace',
+                      timeline_png.SvgPng(self._trace.Svg()), step,
+                      self._trace.Summary())
+    self._Writer('train').flush()
 
   # ---- training --------------------------------------------------------
 
@@ -325,6 +353,7 @@ class Runner:
       raise TrainingStopped(f'--pipeline_trace: {err} Drop the flag, or '
                             'put the model in a PipeliningLayer.') from err
     files = trace.Write(path)
+    self._trace = trace  # an image summary when training starts
     print(trace.Summary(), flush=True)
     print(f'Measured timeline: {files[1]} (picture), {files[0]} (Chrome '
           'trace: open in ui.perfetto.dev or chrome://tracing).', flush=True)
@@ -355,6 +384,7 @@ class Runner:
       print(f'Resumed from {restored} at step {step}; {where}.', flush=True)
     elif tp.init_from_checkpoint_rules:
       print(self._InitFromRules(tp.init_from_checkpoint_rules), flush=True)
+    self._SummarizeStart(step)
     train_step = self._Function('train', self._task.TrainStep)
     batch_size = self._p.train_input.batch_size
     bar = progress.Progress(tp.max_steps, start_step=step)

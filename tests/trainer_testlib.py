@@ -117,7 +117,8 @@ class BrokenTask(Tiny):
 
 
 def Scalars(directory, skip=()):
-  """{tag: [(step, value)]} from the event files in `directory`."""
+  """{tag: [(step, value)]} of the scalars in the event files in
+  `directory` (text and images, string tensors, left out)."""
   found = {}
   for path in sorted(glob.glob(os.path.join(directory, 'events.*'))):
     if path in skip:
@@ -125,6 +126,8 @@ def Scalars(directory, skip=()):
     for record in tf.data.TFRecordDataset(path):
       event = event_pb2.Event.FromString(record.numpy())
       for value in event.summary.value:
+        if value.tensor.string_val:
+          continue
         number = tf.make_ndarray(value.tensor) if value.HasField(
             'tensor') else value.simple_value
         found.setdefault(value.tag, []).append((event.step, float(number)))
