@@ -8,6 +8,7 @@ library never imports it.
 """
 
 import os
+import tempfile
 
 from absl.testing import absltest
 import numpy as np
@@ -43,7 +44,9 @@ class TensorBoardTest(trainer_testlib.TrainerTestBase):
   def setUpClass(cls):
     super().setUpClass()
     test = cls('testEveryScalarAsWritten')
-    cls._logdir = os.path.join(cls._root, 'run')
+    # A fresh logdir: TEST_TMPDIR outlives the run, and a second run in
+    # the same logdir would resume there.
+    cls._logdir = tempfile.mkdtemp(dir=cls._root)
     cls._trace = os.path.join(cls._logdir, 'trace')
     result = test._Run(cls._logdir, f'--pipeline_trace={cls._trace}',
                        f'--model_params_override={_STEPS}')
