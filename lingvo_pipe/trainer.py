@@ -143,7 +143,24 @@ def LoadParams(model: str, override_text: str = '',
       input_p = p.Get(f'{dataset}_input')
       if input_p is not None and 'data_dir' in input_p:
         input_p.data_dir = data_dir
+  FillFromData(p)
   return p
+
+
+def FillFromData(p: Any) -> None:
+  """Each input's FillFromData (base_input_generator): checks the data and
+  fills the params that come from it, e.g. the classes of an image folder;
+  a DataError stops the run before anything is built."""
+  from lingvo_pipe.core import base_input_generator  # pylint: disable=g-import-not-at-top
+  for dataset in _DATASETS:
+    input_p = p.Get(f'{dataset}_input')
+    fill = getattr(getattr(input_p, 'cls', None), 'FillFromData', None)
+    if fill is None:
+      continue
+    try:
+      fill(input_p, p)
+    except base_input_generator.DataError as err:
+      raise TrainingStopped(str(err)) from None
 
 
 def VocabularyInLogdir(p: Any, logdir: str) -> None:

@@ -85,12 +85,31 @@ def _QuietFirstPreparation(preparing: bool) -> Iterator[None]:
     absl_logger.removeFilter(drop)
 
 
+class DataError(ValueError):
+  """The data an input would read cannot be trained on; the one-line message
+  names the file or folder and says what to change."""
+
+
 class BaseInputGenerator:
   """Reads a TFDS split and yields batches of `Preprocess`ed NestedMaps.
 
   Subclasses override `Preprocess` (one example -> NestedMap of tensors with
   fixed shapes) and may add params. See the module docstring.
   """
+
+  @classmethod
+  def FillFromData(cls, input_p: hyperparams.Params,
+                   model_p: hyperparams.Params) -> None:
+    """Checks the data `input_p` reads; fills params that come from it.
+
+    The trainer calls it for each input (train, dev, test in that order)
+    after the overrides and --data_dir, before anything is built. An input
+    whose params depend on its data (classes counted from a folder, the
+    languages of its files) sets them here in `input_p` and `model_p` (the
+    model params: task, *_input), and raises DataError if the data cannot
+    be used. The default does nothing.
+    """
+    del input_p, model_p  # Unused.
 
   @classmethod
   def Params(cls) -> hyperparams.InstantiableParams:
