@@ -112,7 +112,8 @@ class ImageClassificationInput(base_input_generator.BaseInputGenerator):
     crop_seed, flip_seed = tf.unstack(
         tf.random.experimental.stateless_split(seed, 2))
     image = tf.cast(example[p.image_key], tf.float32) / 255.0
-    size = [p.image_size, p.image_size]
+    # Crops of a window (tf.slice by a tensor) lose the static channels.
+    size, channels = [p.image_size, p.image_size], image.shape[-1]
     if p.crop == 'random_resized':
       image = self._RandomWindow(
           image, tf.random.experimental.stateless_split(crop_seed, 1)[0])
@@ -130,7 +131,7 @@ class ImageClassificationInput(base_input_generator.BaseInputGenerator):
           padded, tf.shape(image), seed=crop_seed)
     if p.random_flip:
       image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
-    image = tf.ensure_shape(image, size + [image.shape[-1]])
+    image = tf.ensure_shape(image, size + [channels])
     label = tf.cast(example[p.label_key], tf.int32)
     return NestedMap(image=image, label=label)
 
