@@ -216,6 +216,17 @@ class BaseInputGenerator:
     self._info = info
     return dataset
 
+  def _LoadFromBuilder(self, builder: tfds.core.DatasetBuilder, split: str,
+                       shuffle_files: bool) -> tf.data.Dataset:
+    """`split` of a builder made by the input, as _LoadSplit reads one by
+    name: e.g. tfds.folder_dataset's, which read a user's files in place."""
+    dataset = builder.as_dataset(
+        split=split, shuffle_files=shuffle_files,
+        read_config=tfds.ReadConfig(shuffle_seed=self._params.seed,
+                                    try_autocache=bool(self._params.repeat)))
+    self._info = builder.info
+    return dataset
+
   def _LoadExamples(self) -> tf.data.Dataset:
     """The examples of p.split, before take/shuffle/repeat (dicts)."""
     p = self._params

@@ -20,6 +20,8 @@ from lingvo_pipe.tasks.image import model  # noqa: E402
 
 KEYS = ('image.cifar10.AmoebaNetD_GPipe', 'image.cifar10.ResNet_GPipe',
         'image.cifar100.AmoebaNetD_GPipe', 'image.cifar100.ResNet50_FineTune',
+        'image.folder.AmoebaNetDFolder', 'image.folder.AmoebaNetTinyFolder',
+        'image.folder.ResNetFolder', 'image.folder.ResNetTinyFolder',
         'image.imagenet.AmoebaNetB_18_512_GPipe',
         'image.imagenet.AmoebaNetD_18_208',
         'image.imagenet.AmoebaNetD_18_544_GPipe',
