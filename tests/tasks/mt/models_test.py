@@ -6,11 +6,13 @@ changes the knobs of params/mt/base.py, keeping the pipeline's K up to
 the 4 devices this test has; M=1 halves the ops to trace, and
 mt_model_test.py covers M > 1): on
 'lingvo_pipe_synthetic_translation/tiny' for local builders and on
-tfds.testing.mock_data for catalog datasets (nothing is downloaded).
+tfds.testing.mock_data for catalog datasets (nothing is downloaded); the
+folder models read a folder of 16 sentence pairs the test writes.
 """
 
 import importlib
 import inspect
+import os
 import pkgutil
 import shutil
 import tempfile
@@ -29,9 +31,11 @@ from lingvo_pipe.core import base_input_generator  # noqa: E402
 from lingvo_pipe.core import base_layer  # noqa: E402
 from lingvo_pipe.core import base_model  # noqa: E402
 from lingvo_pipe.core import model_registry  # noqa: E402
+from lingvo_pipe.tasks.mt import folder_input  # noqa: E402
 from lingvo_pipe.tasks.mt import model  # noqa: E402
 from lingvo_pipe.tasks.mt import transformer  # noqa: E402
 import params.mt  # noqa: E402
+from tests import folder_testlib  # noqa: E402
 
 _TEST_DEVICES = 4
 _TINY = dict(MODEL_DIM=8, HIDDEN_DIM=16, NUM_HEADS=2, NUM_ENCODER_LAYERS=1,
@@ -166,10 +170,15 @@ class RegisteredMTModelsTest(tf.test.TestCase, parameterized.TestCase):
   def testTinyVersionTrainsOneStepAndDecodes(self, key):
     data_dir = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, data_dir, ignore_errors=True)
-    if not base_input_generator.IsLocalBuilder(
-        model_registry.GetClass(key).DATASET):
+    dataset = model_registry.GetClass(key).DATASET
+    if dataset == folder_input.NAME:
+      folder_testlib.WritePairs(data_dir, {'train': 16, 'test': 16})
+    elif not base_input_generator.IsLocalBuilder(dataset):
       self.enter_context(tfds.testing.mock_data(num_examples=16))
     task_p, train_p, dev_p = _TinyParams(key, data_dir)
+    if dataset == folder_input.NAME:  # the vocabulary goes outside the folder
+      train_p.vocab_file = dev_p.vocab_file = os.path.join(
+          self.create_tempdir().full_path, 'vocab.txt')
     task = task_p.Instantiate()
     self.assertEqual(
         min(model_registry.GetClass(key).NUM_PARTITIONS, _TEST_DEVICES),
