@@ -3,7 +3,8 @@
 Every command in the README's shell blocks (fences without a language) is
 checked: its flags parse as the trainer's, its model is registered and its
 params overrides apply. The quick ones then run: the trainer on the
-built-in synthetic models and the jobs that follow their checkpoints
+built-in synthetic models, the folder models on folders made here (for
+/path/to/images and /path/to/pairs), the jobs that follow checkpoints
 (capped at 20 steps by one more override line, which wins over the
 command's own; logdirs under /tmp/lingvo_pipe/ go to a temporary
 directory), and the planner. The
@@ -25,6 +26,7 @@ from absl.testing import absltest
 
 from lingvo_pipe import trainer
 from lingvo_pipe.core import model_registry
+from tests import folder_testlib
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CAP = 'task.train.max_steps : 20'
@@ -78,12 +80,17 @@ class ReadmeTest(absltest.TestCase):
     super().setUpClass()
     cls._commands = _Commands()
     cls._tmp = tempfile.mkdtemp(dir=absltest.TEST_TMPDIR.value)
+    # The data of the "your own data" commands.
+    folder_testlib.WriteImages(os.path.join(cls._tmp, 'images'),
+                               {'train': 4, 'test': 6})
+    folder_testlib.WritePairs(os.path.join(cls._tmp, 'pairs'),
+                              {'train': 40, 'test': 16})
 
   def _Local(self, args):
     """args with /tmp/lingvo_pipe/ and DIR under the test's directory."""
     where = os.path.join(self._tmp, 'runs')
-    return [a.replace('/tmp/lingvo_pipe', where).replace('=DIR',
-                                                         f'={where}/dir')
+    return [a.replace('/tmp/lingvo_pipe', where).replace(
+        '=DIR', f'={where}/dir').replace('/path/to', self._tmp)
             for a in args]
 
   def _Env(self, extra_path=''):
@@ -137,23 +144,28 @@ class ReadmeTest(absltest.TestCase):
       if module != 'lingvo_pipe.trainer':
         continue
       values = self._Parse(args)
-      if (not values.model or '.synthetic.' not in values.model or
-          values.run_locally == 'processes' or values.cluster_spec):
+      tiny = ('.synthetic.' in (values.model or '') or
+              values.model in ('image.folder.ResNetTinyFolder',
+                               'mt.folder.TransformerTinyFolder'))
+      if (not tiny or values.run_locally == 'processes' or
+          values.cluster_spec):
         continue
       with self.subTest(' '.join(argv)):
         override = values.model_params_override
         if 'max_steps' not in override:  # followers stop there too
+          cap = _CAP + ('\ntask.train.eval_steps : 1' if values.data_dir
+                        else '')
           args = [a for a in args
                   if not a.startswith('--model_params_override=')]
-          args.append(f'--model_params_override={override}\n{_CAP}'
-                      if override else f'--model_params_override={_CAP}')
+          args.append(f'--model_params_override={override}\n{cap}'
+                      if override else f'--model_params_override={cap}')
         out = self._Run(module, args).stdout
         if values.job == 'trainer':
           self.assertRegex(out, r'step \d+/\d+ ')
         ran += 1
-    # The default, its evaler, a short run, 1F1B, translation and its
-    # decoder, the planner.
-    self.assertGreaterEqual(ran, 7)
+    # The default, its evaler, a short run, one's own images and pairs,
+    # translation and its decoder, 1F1B, the planner.
+    self.assertGreaterEqual(ran, 9)
 
   def testThePipelinedLayerRuns(self):
     (code,) = [b for b in _Blocks('python') if 'PipeliningLayer' in b]
