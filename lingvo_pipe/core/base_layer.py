@@ -205,7 +205,10 @@ class BaseLayer(metaclass=_BaseLayerMeta):
     p.Define('dtype', None,
              "Variable dtype; None inherits the parent's (float32 at root).")
     p.Define('fprop_dtype', None,
-             'Activation dtype; None means the same as dtype.')
+             'Activation dtype; None means the same as dtype. '
+             'tf.bfloat16 over float32 variables: bfloat16 compute and '
+             'pipeline hand-offs; statistics, softmax cross-entropy and '
+             'losses in float32 (docs/DESIGN.md section 32).')
     p.Define('random_seed', None,
              "Seed of initial values; None inherits the parent's (0 at root).")
     p.Define('params_init', None,
@@ -491,6 +494,18 @@ class BaseLayer(metaclass=_BaseLayerMeta):
     raise NotImplementedError(
         f'{cls.__name__} has no FPropMeta; implement it, or balance '
         "partitions with cost='params' or cost='time'.")
+
+
+HALF_DTYPES = (tf.bfloat16, tf.float16)
+
+
+def AtLeastFloat32(x: tf.Tensor) -> tf.Tensor:
+  """`x` in float32 if it is bfloat16 or float16, else `x` itself.
+
+  What a half-precision model computes in float32: normalisation
+  statistics, softmax cross-entropy, losses.
+  """
+  return tf.cast(x, tf.float32) if x.dtype in HALF_DTYPES else x
 
 
 def MetaNumElements(shape: Any, where: str) -> int:

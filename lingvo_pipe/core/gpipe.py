@@ -36,7 +36,9 @@ device and summing per-micro-batch gradients in that order.
 
 Inputs, outputs and the state between stages may be any nest (e.g. a
 NestedMap) of tensors of mixed dtypes; every tensor has the batch on axis
-`batch_dim`. Only floating-point tensors carry gradients.
+`batch_dim`. Only floating-point tensors carry gradients. With
+p.fprop_dtype set (e.g. bfloat16 over float32 variables), every floating
+tensor between stages, both ways, is in that dtype (`hand_off_dtype`).
 
 Variable paths leave the cell out when every cell is a list of uniquely
 named layers (as the partitioner makes them): `network/stage0_block3/w`,
@@ -261,6 +263,13 @@ class PipeliningLayer(base_layer.BaseLayer):
           f'size {sorted(sizes)}; they must share axis {axis}.')
     return sizes.pop()
 
+  @property
+  def hand_off_dtype(self) -> Optional[tf.DType]:
+    """p.fprop_dtype (set here or inherited), or None: the dtype of every
+    floating tensor a stage gets or returns, cast on the device that makes
+    it (the inputs on stage 0's); None leaves them as they are."""
+    return self.params.fprop_dtype
+
   def KeepsActivations(self, s: int) -> bool:
     """Whether stage s keeps its activations for its backward (training)."""
     mode = self.params.recompute
@@ -274,6 +283,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     leaves = [tf.convert_to_tensor(x) for x in tf.nest.flatten(inputs)]
     if not leaves:
       raise ValueError(f"PipeliningLayer '{self.path}' got no input tensors.")
+    with tf.device(self.stage_devices[0]):
+      leaves = pipeline_run.CastFloats(leaves, self.hand_off_dtype)
     num_micro = self.NumMicroBatches(self._BatchSize(leaves))
     devices = self.devices
     thetas = []

@@ -83,6 +83,8 @@ class LayerNorm(base_layer.BaseLayer):
     _CheckLastDim(self, inputs, self.params.input_dim)
     scale = tf.cast(theta.scale, inputs.dtype)
     bias = tf.cast(theta.bias, inputs.dtype)
+    if inputs.dtype in base_layer.HALF_DTYPES:
+      return _HalfNormalized(inputs, self.params.epsilon) * scale + bias
     mean = tf.reduce_mean(inputs, axis=-1, keepdims=True)
     centred = inputs - mean
     var = tf.reduce_mean(tf.square(centred), axis=-1, keepdims=True)
@@ -92,6 +94,35 @@ class LayerNorm(base_layer.BaseLayer):
   def FPropMeta(cls, params: hyperparams.Params,
                 input_shape: Any) -> NestedMap:
     return _ElementwiseMeta(cls.__name__, input_shape, 8)
+
+
+def _HalfNormalized(x: tf.Tensor, epsilon: float) -> tf.Tensor:
+  """(x - mean) * rsqrt(var + epsilon) over the last axis of bfloat16 (or
+  float16) x, in x's dtype: mean, variance and normalisation in float32.
+
+  Its gradient keeps only the result and rsqrt [..., 1]: autodiff of the
+  float32 ops would keep x - mean in float32, twice the bytes of the
+  activation it normalises (docs/DESIGN.md section 32). With y the result,
+  r the rsqrt and g the output gradient, dx = r (g - mean(g) - y mean(g y)).
+  """
+
+  @tf.custom_gradient
+  def Normalized(x):
+    x32 = tf.cast(x, tf.float32)
+    centred = x32 - tf.reduce_mean(x32, axis=-1, keepdims=True)
+    inv = tf.math.rsqrt(
+        tf.reduce_mean(tf.square(centred), axis=-1, keepdims=True) + epsilon)
+    y = tf.cast(centred * inv, x.dtype)
+
+    def Grad(dy: tf.Tensor) -> tf.Tensor:
+      g, y32 = tf.cast(dy, tf.float32), tf.cast(y, tf.float32)
+      dx = inv * (g - tf.reduce_mean(g, axis=-1, keepdims=True) -
+                  y32 * tf.reduce_mean(g * y32, axis=-1, keepdims=True))
+      return tf.cast(dx, x.dtype)
+
+    return y, Grad
+
+  return Normalized(x)
 
 
 class BatchNormLayer(base_layer.BaseLayer):
@@ -146,21 +177,24 @@ class BatchNormLayer(base_layer.BaseLayer):
           f"BatchNormLayer '{self.path}': input shape {inputs.shape} needs "
           'a known rank >= 2 ([batch, ..., dim]).')
     axes = list(range(rank - 1))
-    theta = theta.Transform(lambda v: tf.cast(v, inputs.dtype))
-    # `inputs - mean` once: written twice, the gradient keeps both copies
+    # Half-precision inputs are normalised in float32 (Keras' rule), the
+    # output cast back: the moments' reductions are float32.
+    x = base_layer.AtLeastFloat32(inputs)
+    theta = theta.Transform(lambda v: tf.cast(v, x.dtype))
+    # `x - mean` once: written twice, the gradient keeps both copies
     # (one for the variance, one for the scale), a second activation-sized
     # tensor per layer (docs/DESIGN.md, section 17).
     if self.training:
-      mean = tf.reduce_mean(inputs, axis=axes)
-      centered = inputs - mean
+      mean = tf.reduce_mean(x, axis=axes)
+      centered = x - mean
       var = tf.reduce_mean(tf.square(centered), axis=axes)
       if self.update_stats:
         self._Accumulate(inputs, axes)
     else:
-      centered = inputs - theta.moving_mean
+      centered = x - theta.moving_mean
       var = theta.moving_variance
     inv = tf.math.rsqrt(var + p.epsilon) * theta.gamma
-    return centered * inv + theta.beta
+    return tf.cast(centered * inv + theta.beta, inputs.dtype)
 
   def _Accumulate(self, inputs: tf.Tensor, axes: List[int]) -> None:
     acc = self._accumulators

@@ -42,12 +42,18 @@ stage's parameters (docs/DESIGN.md section 26). The first sum starts from
 zeros, so every backward call is the same function, and 0 + g is g.
 Backward_s traces the cell under `NoStatUpdates`, so statistics
 (BatchNorm) are accumulated once per micro-batch.
+
+With a hand-off dtype (the layer's fprop_dtype, e.g. bfloat16), every
+floating tensor a stage returns is cast to it inside the stage's
+functions, so what devices send each other is in it both ways, and the
+stages read their trainable weights cast to it once per call; the
+gradient sums stay in the variables' dtype (docs/DESIGN.md section 32).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
-from typing import Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Sequence, Tuple
 
 import tensorflow as tf
 
@@ -133,6 +139,16 @@ def _OnDevice(fn: Callable[..., Any], device: str) -> _StageFunction:
       Body, autograph=False, experimental_attributes=_FUNCTION_ATTRIBUTES))
 
 
+def CastFloats(leaves: Sequence[Optional[tf.Tensor]],
+               dtype: Optional[tf.DType]) -> Leaves:
+  """Floating leaves in `dtype` (the pipeline's hand_off_dtype); others,
+  and every leaf when `dtype` is None, as they are."""
+  if dtype is None:
+    return list(leaves)
+  return [tf.cast(t, dtype) if t is not None and t.dtype.is_floating
+          else t for t in leaves]
+
+
 def _Floats(leaves: Sequence[Optional[tf.Tensor]]) -> List[tf.Tensor]:
   return [t for t in leaves if t is not None and residuals.IsFloat(t)]
 
@@ -181,6 +197,12 @@ class PipelineRun:
     # Stage s's input structure (s = 0: the pipeline's inputs).
     self._structures: Dict[int, Any] = {0: in_structure}
     self._theta_leaves = [tf.nest.flatten(t) for t in thetas]
+    # Run's theta leaves, as the gradient sums start from them; and per
+    # stage which leaves its functions read in the hand-off dtype.
+    self._theta_args = self._theta_leaves
+    self._cast_leaves = [[v.trainable and v.dtype.is_floating
+                          for v in tf.nest.flatten(cell.vars)]
+                         for cell in self._cells]
     self._acc: List[Optional[Leaves]] = [None] * self._s
     self._engine = pipeline_engine.Engine(
         self, devices, self._stage_devices, layer.path, self._CheckBatch)
@@ -204,6 +226,23 @@ class PipelineRun:
     # One-pass training (Train): the loss head, and its theta as Run got it.
     self._loss: Optional[pipeline_loss.LossHead] = None
     self._head_theta: Leaves = []
+
+  def _SetTheta(self, theta: List[Leaves]) -> None:
+    """Run's theta leaves per stage. With a hand-off dtype the stage
+    functions read each trainable floating leaf cast to it once per call,
+    on the stage's device: cast inside, every micro-batch would make its
+    own copy of the weights, and a stage keeping its activations keep
+    them all. The gradient sums stay in the variables' dtype."""
+    self._theta_args = theta
+    dtype = self._layer.hand_off_dtype
+    if dtype is None:
+      self._theta_leaves = theta
+      return
+    self._theta_leaves = []
+    for s, (leaves, cast) in enumerate(zip(theta, self._cast_leaves)):
+      with tf.device(self._devices[s]), tf.name_scope(f'cell_{s}/theta'):
+        self._theta_leaves.append([tf.cast(t, dtype) if c else t
+                                   for t, c in zip(leaves, cast)])
 
   # ---- the stage functions -----------------------------------------------
 
@@ -258,7 +297,7 @@ class PipelineRun:
           f"('cell_{s}') cannot take {source} of shapes {_Shapes(inputs)}: "
           f'{_FirstLine(err)}') from err
     self._structures[s + 1] = out
-    return tf.nest.flatten(out)
+    return CastFloats(tf.nest.flatten(out), self._layer.hand_off_dtype)
 
   def _CheckBatch(self, s: int, m: int, x: Leaves, y: Leaves) -> None:
     want = x[0].shape[self._axis]
@@ -294,7 +333,7 @@ class PipelineRun:
     if self._acc[s] is None:
       with tf.name_scope('zeros'):
         self._acc[s] = [tf.zeros_like(t) if residuals.IsFloat(t) else None
-                        for t in self._theta_leaves[s]]
+                        for t in self._theta_args[s]]
     return self._acc[s]
 
   def Weight(self, s: int, m: int) -> Leaves:
@@ -371,7 +410,7 @@ class PipelineRun:
 
     @tf.custom_gradient
     def Run(*args):
-      self._theta_leaves = _Unflatten(list(args[num_in:]), sizes)
+      self._SetTheta(_Unflatten(list(args[num_in:]), sizes))
       flow = pipeline_engine.Flow(inputs=_Split(
           list(args[:num_in]), self._m, self._axis, self._devices[0]))
       self._engine.Run(table.Only('F'), flow)
@@ -427,8 +466,8 @@ class PipelineRun:
 
     @tf.custom_gradient
     def Run(*args):
-      self._theta_leaves = _Unflatten(list(args[num_in:len(args) - num_head]),
-                                      sizes)
+      self._SetTheta(_Unflatten(list(args[num_in:len(args) - num_head]),
+                                sizes))
       self._head_theta = list(args[len(args) - num_head:])
       flow = pipeline_engine.Flow(inputs=_Split(
           list(args[:num_in]), self._m, self._axis, self._devices[0]))
@@ -460,6 +499,43 @@ def _Scaled(grad: Optional[tf.Tensor], dloss: tf.Tensor,
     return None
   with tf.device(device):
     return grad * tf.cast(dloss, grad.dtype)
+
+
+_CALLS = ('PartitionedCall', 'StatefulPartitionedCall')
+
+
+class HandOff(NamedTuple):
+  """A tensor a stage function's call on device `src` sends to one on
+  `dst` (canonical device names)."""
+  tensor: tf.Tensor
+  src: str
+  dst: str
+
+
+def CanonicalDevice(name: str) -> str:
+  return tf.DeviceSpec.from_string(name).to_string()
+
+
+def HandOffs(graph: Any, devices: Sequence[str]) -> List[HandOff]:
+  """The tensors pipeline stages hand each other in a traced `graph`.
+
+  Every output of a stage function's call on one of `devices` that a call
+  on another of them reads: activations forward, their gradients back.
+  Each counts once per receiving device, as the runtime sends it (a
+  re-computing backward reads its forward's input again). Variables'
+  gradients and other ops are left out.
+  """
+  names = {CanonicalDevice(d) for d in devices}
+  found: Dict[Tuple[str, str], HandOff] = {}
+  for op in graph.get_operations():
+    dst = CanonicalDevice(op.device)
+    if op.type not in _CALLS or dst not in names:
+      continue
+    for t in op.inputs:
+      src = CanonicalDevice(t.op.device)
+      if t.op.type in _CALLS and src in names and src != dst:
+        found.setdefault((t.name, dst), HandOff(t, src, dst))
+  return list(found.values())
 
 
 def _Unflatten(flat: List[tf.Tensor], sizes: Sequence[int]

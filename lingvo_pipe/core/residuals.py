@@ -63,13 +63,16 @@ def Gradients(tape: tf.GradientTape, y: Any, dy: Leaves, x: List[tf.Tensor],
 
 
 def AddGradients(acc: Leaves, grads: Leaves) -> Leaves:
-  """acc + grads leaf by leaf; None where a leaf has no gradient.
+  """acc + grads leaf by leaf, in acc's dtype; None where a leaf has no
+  gradient.
 
   Called inside a backward function, the sum can take the buffer of the
   gradient just computed, so a running sum costs no third copy
-  (docs/DESIGN.md section 26).
+  (docs/DESIGN.md section 26). A bfloat16 gradient of a leaf the stage
+  read in bfloat16 is added to its float32 sum (section 32).
   """
-  return [None if g is None else a + g for a, g in zip(acc, grads)]
+  return [None if g is None else a + tf.cast(g, a.dtype)
+          for a, g in zip(acc, grads)]
 
 
 class _Backward:
