@@ -53,11 +53,14 @@ class Stack:
   num_heads: int = 4
   seq_len: int = 64
   batch: int = 32
+  # The layers' fprop_dtype: 'bfloat16' computes and hands off in it over
+  # float32 variables (the loss is float32 either way).
+  dtype: str = 'float32'
 
   def Describe(self) -> str:
     return (f'{self.num_layers} TransformerEncoderLayers, d={self.model_dim}, '
             f'ff={self.hidden_dim}, {self.num_heads} heads, seq '
-            f'{self.seq_len}, batch {self.batch}, float32, dropout 0')
+            f'{self.seq_len}, batch {self.batch}, {self.dtype}, dropout 0')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,10 +108,11 @@ def BuildModel(stack: Stack, setup: Setup,
                devices: List[str]) -> base_layer.BaseLayer:
   """The layer of `setup`, variables on their devices."""
   layer_ps = _LayerParams(stack)
+  fprop = None if stack.dtype == 'float32' else tf.as_dtype(stack.dtype)
   if setup.kind in ('plain', 'loop'):
     with tf.device(devices[0]):
       return layers.SequentialLayer.Params().Set(
-          name='model', sub=layer_ps).Instantiate()
+          name='model', sub=layer_ps, fprop_dtype=fprop).Instantiate()
   stages = setup.k * setup.v
   if stack.num_layers % stages:
     raise ValueError(f'{stack.num_layers} layers do not split into '
@@ -119,13 +123,16 @@ def BuildModel(stack: Stack, setup: Setup,
   return gpipe.PipeliningLayer.Params().Set(
       name='model', cell_tpl=cells, num_micro_batches=setup.m,
       recompute=setup.recompute, devices=devices[:setup.k],
-      schedule=setup.schedule, num_virtual_stages=setup.v).Instantiate()
+      schedule=setup.schedule, num_virtual_stages=setup.v,
+      fprop_dtype=fprop).Instantiate()
 
 
 def Inputs(stack: Stack) -> NestedMap:
-  """A fixed random batch: vec [b, t, d] ~ N(0, 1), no padding."""
+  """A fixed random batch: vec [b, t, d] ~ N(0, 1) in the stack's dtype,
+  no padding."""
   shape = [stack.batch, stack.seq_len, stack.model_dim]
-  return NestedMap(vec=tf.random.stateless_normal(shape, [1, 2]),
+  vec = tf.random.stateless_normal(shape, [1, 2])
+  return NestedMap(vec=tf.cast(vec, stack.dtype),
                    paddings=tf.zeros(shape[:2]))
 
 
@@ -152,9 +159,10 @@ def _Vec(out: Any) -> tf.Tensor:
 
 def _MeanSquareHead(head_theta: NestedMap, out: Any,
                     batch: NestedMap) -> dict:
-  """The loss head of one micro-batch: mean(vec ** 2), weighed by rows."""
+  """The loss head of one micro-batch: mean(vec ** 2), weighed by rows,
+  in float32 at least."""
   del head_theta, batch
-  vec = _Vec(out)
+  vec = base_layer.AtLeastFloat32(_Vec(out))
   rows = tf.constant(vec.shape[0], vec.dtype)
   return {'loss': (tf.reduce_mean(tf.square(vec)), rows)}
 
@@ -163,7 +171,8 @@ def MeanSquareLoss(layer: base_layer.BaseLayer, inputs: Any) -> tf.Tensor:
   """mean(vec ** 2) of the layer's output on the whole batch; a pipeline
   trains in one pass (FPropWithLoss), as the trainer runs it."""
   if not isinstance(layer, gpipe.PipeliningLayer):
-    return tf.reduce_mean(tf.square(_Vec(layer.FPropDefaultTheta(inputs))))
+    vec = _Vec(layer.FPropDefaultTheta(inputs))
+    return tf.reduce_mean(tf.square(base_layer.AtLeastFloat32(vec)))
   first = tf.nest.flatten(inputs)[0]
   rows = tf.constant(first.shape[layer.params.batch_dim], tf.float32)
   metrics = layer.FPropWithLoss(layer.theta, inputs, _MeanSquareHead,
@@ -177,7 +186,8 @@ def Loss(layer: base_layer.BaseLayer, setup: Setup,
   the micro-batches in a Python loop."""
   if setup.kind != 'loop':
     return MeanSquareLoss(layer, inputs)
-  return tf.reduce_mean(tf.square(_Forward(layer, setup, inputs)))
+  vec = base_layer.AtLeastFloat32(_Forward(layer, setup, inputs))
+  return tf.reduce_mean(tf.square(vec))
 
 
 def _Forward(layer: base_layer.BaseLayer, setup: Setup,

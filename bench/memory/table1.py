@@ -3,7 +3,7 @@
   .venv/bin/python -m bench.memory.run table1 [--model=transformer]
       [--budget_mib=128] [--m=8] [--setups=naive,1,2,4] [--repeats=1]
       [--schedule=gpipe] [--num_virtual_stages=1] [--recompute=always]
-      [--json_out=FILE]
+      [--dtype=float32] [--json_out=FILE]
 
 For a memory budget per device, finds the largest model of a family that
 trains one step (forward, loss, every gradient, an Adam update), in four
@@ -24,6 +24,9 @@ device (K x V partitions, M a multiple of K), ... --recompute is the
 pipelines' re-computation mode ('always', as the paper's Table 1). Rows
 of another schedule than GPipe's name it ('pipeline-2 1f1b'). The loss
 is mean(output ** 2): a Transformer's last vec, AmoebaNet-D's logits.
+--dtype=bfloat16 sets the model's fprop_dtype (float32 variables and
+Adam slots; bfloat16 compute and hand-offs; the loss in float32); its
+rows say so ('pipeline-2 bfloat16').
 
 Families: --model=transformer grows the number of bench/common Transformer
 encoder layers (d=128, ff=512, 4 heads, seq 64, batch 32); --model=
@@ -103,15 +106,15 @@ _AMOEBA_CELLS, _AMOEBA_BATCH, _AMOEBA_IMAGE = 6, 32, 16
 _AMOEBA_STEP = 4  # filters D move in steps of 4
 
 
-def _Describe(model: str) -> str:
+def _Describe(model: str, dtype: str) -> str:
   if model == 'transformer':
     t = _TRANSFORMER
     return (f'L TransformerEncoderLayers, d={t["model_dim"]}, ff='
             f'{t["hidden_dim"]}, {t["num_heads"]} heads, seq {t["seq_len"]}, '
-            f'batch {t["batch"]}, float32')
+            f'batch {t["batch"]}, {dtype}')
   return (f'AmoebaNet-D ({_AMOEBA_CELLS}, D) of lingvo_pipe.tasks.image.'
           f'amoebanet (CIFAR stem), {_AMOEBA_IMAGE}x{_AMOEBA_IMAGE}x3 '
-          f'images, batch {_AMOEBA_BATCH}, float32')
+          f'images, batch {_AMOEBA_BATCH}, {dtype}')
 
 
 def _SizeStep(model: str, stages: int) -> int:
@@ -120,12 +123,14 @@ def _SizeStep(model: str, stages: int) -> int:
 
 
 def _Label(setup: str, args: argparse.Namespace) -> str:
-  """The row's name: pipeline-K, with the schedule when not GPipe's."""
+  """The row's name: pipeline-K, with the schedule when not GPipe's and
+  the dtype when not float32."""
+  dtype = '' if args.dtype == 'float32' else f' {args.dtype}'
   if setup == 'naive' or args.schedule == 'gpipe':
-    return SETUPS[setup]
+    return SETUPS[setup] + dtype
   virtual = (f' V={args.num_virtual_stages}'
              if args.num_virtual_stages > 1 else '')
-  return f'{SETUPS[setup]} {args.schedule}{virtual}'
+  return f'{SETUPS[setup]} {args.schedule}{virtual}{dtype}'
 
 
 
@@ -140,7 +145,8 @@ def _Build(args: argparse.Namespace,
   k, m = args.k, args.m
   if args.model == 'transformer':
     from bench.common import stack as stack_lib  # pylint: disable=g-import-not-at-top
-    stack = stack_lib.Stack(num_layers=args.size, **_TRANSFORMER)
+    stack = stack_lib.Stack(num_layers=args.size, dtype=args.dtype,
+                            **_TRANSFORMER)
     setup = (stack_lib.Setup('plain') if k == 0 else
              stack_lib.Setup('pipe', k, m, args.recompute, args.schedule,
                              args.num_virtual_stages))
@@ -150,21 +156,23 @@ def _Build(args: argparse.Namespace,
   from lingvo_pipe.tasks.image import model as model_lib  # pylint: disable=g-import-not-at-top
   layer_ps = amoebanet.AmoebaNetD(num_cells=_AMOEBA_CELLS, filters=args.size,
                                   num_classes=10, stem='cifar')
+  fprop = None if args.dtype == 'float32' else tf.as_dtype(args.dtype)
   if k == 0:
     with tf.device(devices[0]):
       layer = layers.SequentialLayer.Params().Set(
-          name='amoebanet', sub=layer_ps).Instantiate()
+          name='amoebanet', sub=layer_ps, fprop_dtype=fprop).Instantiate()
   else:
     p = model_lib.GPipeNetworkParams(
         layer_ps, k, m,
         tf.TensorShape([_AMOEBA_BATCH // m, _AMOEBA_IMAGE, _AMOEBA_IMAGE, 3]),
         recompute=args.recompute, schedule=args.schedule,
         num_virtual_stages=args.num_virtual_stages)
-    layer = p.Set(name='amoebanet', devices=devices[:k]).Instantiate()
+    layer = p.Set(name='amoebanet', devices=devices[:k],
+                  fprop_dtype=fprop).Instantiate()
   layer.SetTraining(True)
   inputs = tf.random.stateless_normal(
       [_AMOEBA_BATCH, _AMOEBA_IMAGE, _AMOEBA_IMAGE, 3], [1, 2])
-  return layer, inputs
+  return layer, tf.cast(inputs, args.dtype)
 
 
 def Probe(num_workers: int,
@@ -274,7 +282,7 @@ def _RunProbe(args: argparse.Namespace, size: int, k: int, m: int) -> dict:
              f'--model={args.model}', f'--size={size}', f'--k={k}',
              f'--m={m}', f'--schedule={args.schedule}',
              f'--num_virtual_stages={args.num_virtual_stages}',
-             f'--recompute={args.recompute}']
+             f'--recompute={args.recompute}', f'--dtype={args.dtype}']
   rec = RunProbe(command, f'{args.model} size {size} K={k} M={m}',
                  args.timeout)
   rec['size'] = size
@@ -421,6 +429,9 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--recompute', default='always',
                       choices=['always', 'except_last', 'never'],
                       help='re-computation of the pipeline set-ups')
+  parser.add_argument('--dtype', default='float32',
+                      choices=['float32', 'bfloat16'],
+                      help="the model's fprop_dtype (variables float32)")
   parser.add_argument('--start', type=int, default=4,
                       help='smallest size tried (layers or filters)')
   parser.add_argument('--timeout', type=float, default=1800,
@@ -451,7 +462,7 @@ def main(argv: Sequence[str]) -> None:
   args = _Args(argv)
   if args.probe:
     PrintProbe(Probe(max(args.k, 1), lambda devices: _Build(args, devices)))
-  print(f'{cli.Header()}\nModel: {_Describe(args.model)}; '
+  print(f'{cli.Header()}\nModel: {_Describe(args.model, args.dtype)}; '
         f'budget {args.budget_mib:g} MiB per device; pipelines M={args.m}, '
         f'{_ScheduleText(args)}, re-computation {args.recompute}; Adam.',
         flush=True)
