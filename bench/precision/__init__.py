@@ -1,0 +1,1 @@
+"""float32 against bfloat16 training: run.py."""
