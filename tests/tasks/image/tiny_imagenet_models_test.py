@@ -23,6 +23,11 @@ class TinyImageNetModelsTest(tiny_models.OneStepTestMixin,
   def testOneTrainStep(self, key):
     self.CheckOneTrainStep(key)
 
+  def testResNet50TrainsOneStepInBfloat16(self):
+    # Its bottleneck blocks are the one image architecture that
+    # image_bfloat16_test does not train.
+    self.CheckOneTrainStep('image.imagenet.ResNet50_GPipe', tf.bfloat16)
+
   # Tiny, these are AmoebaNetD_18_544_GPipe (genotype, sizes, K and M are
   # TINY's): testOneTrainStep covers them, without tracing the same model
   # twice more (25 s each).

@@ -61,11 +61,20 @@ class OneStepTestMixin:
     """
     self.assertEqual(TinyParamsText(tested), TinyParamsText(key))
 
-  def CheckOneTrainStep(self, key: str) -> None:
+  def CheckOneTrainStep(self, key: str, fprop_dtype: Any = None) -> None:
+    """One step of `key`'s tiny version (in `fprop_dtype` if given: its
+    variables stay float32, its loss too)."""
     tiny = Tiny(key, self.create_tempdir().full_path)
     task_p = tiny.Task().Set(name='task')
+    if fprop_dtype is not None:
+      task_p.fprop_dtype = fprop_dtype
     self.assertEqual(2, base_model.NumDevicesNeeded(task_p))
     task = task_p.Instantiate()
+    if fprop_dtype is not None:
+      self.assertEqual({tf.float32}, {v.dtype for v in task.vars.Flatten()})
+      for cell in task.network.cells:
+        self.assertEqual(fprop_dtype, cell.fprop_dtype, cell.path)
+      self.assertEqual(fprop_dtype, task.network.hand_off_dtype)
     with tfds.testing.mock_data(num_examples=8):
       train_batch = next(iter(tiny.Train().Instantiate().GetDataset()))
       dev_batch = next(iter(tiny.Dev().Instantiate().GetDataset()))
@@ -75,6 +84,7 @@ class OneStepTestMixin:
     out = tf.function(task.TrainStep, autograph=False)(train_batch)
     self.assertTrue(out.is_finite.numpy())
     self.assertTrue(np.isfinite(out.loss.numpy()))
+    self.assertEqual(tf.float32, out.loss.dtype)
     self.assertEqual(1, out.global_step.numpy())
     changed = {k for k, v in task.VariablesByPath().items()
                if not np.array_equal(before[k], v.numpy())}
