@@ -537,7 +537,9 @@ def _Run() -> None:
         spec, lambda *lost: f'error: {_WorkerLost(*lost)}').Start()
     stack.callback(watchdog.Stop)
     try:
-      _RunJob(p)
+      with quiet.CancelledStepLinesTo(os.path.join(FLAGS.logdir,
+                                                   CANCELLED_LOG)):
+        _RunJob(p)
     except tf.errors.OpError as err:
       failed = (watchdog.dead[:2] if watchdog.dead else
                 cluster.FailedTask(err, spec))
@@ -661,6 +663,10 @@ def _Main(argv) -> None:
 
 
 EXIT_LOG = 'exit_stderr.txt'  # in the logdir (_LastLine)
+# In the logdir: what the runtime logs about steps cancelled on worker
+# servers (quiet.CancelledStepLinesTo), off the console.
+CANCELLED_LOG = 'cancelled_steps.txt'
+
 
 
 def _LastLine(line: str) -> None:

@@ -37,7 +37,6 @@ import os
 import re
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -47,6 +46,7 @@ import tensorflow as tf
 
 from lingvo_pipe.core import devices
 from lingvo_pipe.core import pipeline_run
+from lingvo_pipe.core import quiet
 
 # What TensorFlow reads for its default inter-op thread count.
 _INTER_OP_ENV = 'TF_NUM_INTEROP_THREADS'
@@ -339,6 +339,5 @@ class Watchdog:
           self.dead = (task, address, why)
           if self._stop.wait(self._grace):
             return
-          print(self._message(task, address, why), file=sys.stderr,
-                flush=True)
+          quiet.WriteToConsole(self._message(task, address, why) + '\n')
           os._exit(1)  # pylint: disable=protected-access

@@ -28,7 +28,8 @@ import os
 import re
 import sys
 import tempfile
-from typing import Any, Iterator
+import threading
+from typing import Any, BinaryIO, Iterator
 
 _LEVEL_ENV = 'TF_CPP_MIN_LOG_LEVEL'
 
@@ -82,3 +83,72 @@ def ImportTensorFlow() -> Any:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     tf.config.list_physical_devices()
   return tf
+
+
+# What the runtime logs while a step on worker servers is cancelled (a
+# worker died): each RecvTensor cancelled, each rendezvous aborted, with
+# the lines that continue them.
+_CANCELLED = re.compile(
+    r'[WE]\d{4} [\d:. ]+\d+ (grpc_worker_service\.cc:\d+\] RecvTensor '
+    r'cancelled|local_rendezvous\.cc:\d+\] Local rendezvous is aborting)')
+_CONTINUED = re.compile(r'[\t ]|:UNKNOWN:|Additional GRPC error information')
+
+
+_console = [2]  # where WriteToConsole writes: fd 2, or what it was
+
+
+def WriteToConsole(text: str) -> None:
+  """Writes `text` to the console now, past CancelledStepLinesTo's copier
+  (for a last line before os._exit, which would not wait for it)."""
+  sys.stderr.flush()
+  os.write(_console[-1], text.encode('utf-8'))
+
+
+def _Forward(source: int, console: int, log: BinaryIO) -> None:
+  """Copies source's lines to console, those of a cancelled step to log."""
+  pending, to_log = b'', False
+  while True:
+    data = os.read(source, 65536)
+    if not data:
+      break
+    *lines, pending = (pending + data).split(b'\n')
+    for line in lines:
+      text = line.decode('utf-8', errors='replace')
+      to_log = (_CANCELLED.match(text) is not None or
+                (to_log and _CONTINUED.match(text) is not None))
+      if to_log:
+        log.write(line + b'\n')
+      else:
+        os.write(console, line + b'\n')
+  if pending:
+    os.write(console, pending)
+  log.flush()
+
+
+@contextlib.contextmanager
+def CancelledStepLinesTo(path: str) -> Iterator[None]:
+  """Inside: what TensorFlow's runtime logs about a cancelled step (when a
+  worker server goes away: a "RecvTensor cancelled" per pending tensor,
+  "Local rendezvous is aborting", their continuation lines) is appended
+  to `path` instead of reaching the console; everything else written to
+  fd 2 reaches it, in order, as it comes (a thread copies a pipe)."""
+  sys.stderr.flush()
+  console = os.dup(2)
+  source, sink = os.pipe()
+  os.dup2(sink, 2)
+  os.close(sink)
+  with open(path, 'ab') as log:
+    copier = threading.Thread(target=_Forward, args=(source, console, log),
+                              daemon=True)
+    copier.start()
+    _console.append(console)
+    try:
+      yield
+    finally:
+      _console.remove(console)
+      sys.stderr.flush()
+      os.dup2(console, 2)  # the pipe's last writer goes: the copier ends
+      copier.join(timeout=10)
+      os.close(console)
+      if not copier.is_alive():
+        os.close(source)

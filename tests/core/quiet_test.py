@@ -46,6 +46,9 @@ print('after', file=sys.stderr)
 '''
 
 
+_WARNING = 'W0000 00:00:1.0  1 other.cc:1] a real warning'
+
+
 class QuietTest(absltest.TestCase):
 
   def _Run(self, code):
@@ -84,6 +87,43 @@ class QuietTest(absltest.TestCase):
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertEqual(result.stdout, '3.0\n')
     self.assertEqual(result.stderr, '')
+
+  def testACancelledStepsLinesGoToTheLog(self):
+    log = os.path.join(self.create_tempdir().full_path, 'cancelled.txt')
+    # What a client logged when a worker was killed mid-step (TF 2.21).
+    cancelled = [
+        'W0000 00:00:1795769039.799894   15664 grpc_worker_service.cc:536] '
+        'RecvTensor cancelled for -5948435186611152707',
+        'W0000 00:00:1795769039.800973   15577 local_rendezvous.cc:412] '
+        'Local rendezvous is aborting with status: UNAVAILABLE: Socket '
+        'closed',
+        'Additional GRPC error information from remote target '
+        '/job:worker/replica:0/task:1 while calling '
+        '/tensorflow.WorkerService/RecvTensor:',
+        ':UNKNOWN:Error received from peer  {grpc_status:14}',
+        '\t [[{{node cond/then/_10/cond/Read_83/ReadVariableOp/_150}}]]']
+    code = ('import os, sys\nfrom lingvo_pipe.core import quiet\n'
+            f'lines = {cancelled!r}\n'
+            f'with quiet.CancelledStepLinesTo({log!r}):\n'
+            '  os.write(2, b"real line 1\\n")\n'
+            '  for line in lines:\n'
+            '    os.write(2, (line + "\\n").encode())\n'
+            '  print("real line 2", file=sys.stderr)\n'
+            '  os.write(2, (lines[0] + "\\n").encode())\n'
+            f'  os.write(2, b"{_WARNING}\\n")\n'
+            '  quiet.WriteToConsole("straight\\n")\n'
+            'print("after", file=sys.stderr)\n')
+    result = self._Run(code)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    # WriteToConsole's line does not wait for the copier: it may come
+    # anywhere before 'after'; the others keep their order.
+    lines = result.stderr.splitlines()
+    self.assertLess(lines.index('straight'), lines.index('after'))
+    lines.remove('straight')
+    self.assertEqual(lines, ['real line 1', 'real line 2', _WARNING,
+                             'after'])
+    with open(log) as f:
+      self.assertEqual(f.read().splitlines(), cancelled + cancelled[:1])
 
 
 if __name__ == '__main__':
