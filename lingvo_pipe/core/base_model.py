@@ -97,12 +97,14 @@ class OnePass:
 def NumDevicesNeeded(task_params: Any) -> int:
   """Replicas x the largest number of pipeline partitions in the params.
 
-  Walks nested Params, lists, tuples and dicts; a Params whose `cell_tpl`
-  is a non-empty list of Params (a PipeliningLayer) needs len(cell_tpl)
-  devices per replica; the replicas are `train.num_replicas` of the task
-  params (1 if it has none). At least 1.
+  Every pipeline `PipelineParams` finds (a Params whose `cell_tpl` is a
+  non-empty list of Params) needs len(cell_tpl) / V devices per replica;
+  the replicas are `train.num_replicas` of the task params (1 if it has
+  none). At least 1.
   """
-  return max(1, _MaxPartitions(task_params)) * NumReplicas(task_params)
+  per_replica = [_DevicesPerReplica(dict(p.IterParams()))
+                 for _, p in PipelineParams(task_params)]
+  return max([1] + per_replica) * NumReplicas(task_params)
 
 
 def NumReplicas(task_params: Any) -> int:
@@ -129,25 +131,11 @@ def _DevicesPerReplica(fields: Mapping[str, Any]) -> int:
           max(1, int(fields.get('num_virtual_stages', 1))))
 
 
-def _MaxPartitions(value: Any) -> int:
-  if isinstance(value, hyperparams.Params):
-    fields = dict(value.IterParams())
-    found = 0
-    if _IsPipeline(fields):
-      found = _DevicesPerReplica(fields)
-    return max([found] + [_MaxPartitions(v) for v in fields.values()])
-  if isinstance(value, (list, tuple, hyperparams.FrozenList)):
-    return max([0] + [_MaxPartitions(v) for v in value])
-  if isinstance(value, Mapping):
-    return max([0] + [_MaxPartitions(v) for v in value.values()])
-  return 0
-
-
 def PipelineParams(task_params: Any, path: str = 'task'
                    ) -> List[Tuple[str, hyperparams.Params]]:
   """[(path, params)] of every PipeliningLayer in the params, in order.
 
-  Walks nested Params, lists, tuples and dicts, as NumDevicesNeeded does.
+  Walks nested Params, lists, tuples and dicts.
   Paths are dotted from `path`, as --model_params_override names them
   (a list's or dict's entry in brackets).
   """
