@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 from typing import Any, Dict, Iterator, NoReturn, Optional
 
@@ -88,6 +89,17 @@ def _QuietFirstPreparation(preparing: bool) -> Iterator[None]:
 class DataError(ValueError):
   """The data an input would read cannot be trained on; the one-line message
   names the file or folder and says what to change."""
+
+
+def InputName(p: hyperparams.Params) -> str:
+  """How errors name the input of params `p`: its class and name."""
+  return f'{p.cls.__name__} {p.name!r}'
+
+
+def DataRoot(p: hyperparams.Params) -> str:
+  """p.data_dir, made absolute if it is a local path (not a URL)."""
+  path = os.fspath(p.data_dir)
+  return path if '://' in path else os.path.abspath(path)
 
 
 class BaseInputGenerator:
@@ -153,8 +165,7 @@ class BaseInputGenerator:
     self._info: Optional[tfds.core.DatasetInfo] = None
 
   def _Fail(self, message: str) -> NoReturn:
-    raise ValueError(f'{type(self).__name__} {self._params.name!r}: '
-                     f'{message}')
+    raise ValueError(f'{InputName(self._params)}: {message}')
 
   def _CheckParams(self) -> None:
     p = self._params
@@ -208,7 +219,7 @@ class BaseInputGenerator:
         raise
       where = p.data_dir or tfds.core.constants.DATA_DIR
       raise FileNotFoundError(
-          f'{type(self).__name__} {p.name!r}: dataset {dataset_name!r} is '
+          f'{InputName(p)}: dataset {dataset_name!r} is '
           f'not prepared in data_dir {where!r} and this input does not '
           'download it; on a machine with internet access run `tfds build '
           f'{dataset_name} --data_dir=DIR`, copy DIR here and pass '

@@ -55,6 +55,8 @@ CHECKS = ('whole', 'signature')
 _SIGNATURES = (image_files.JPEG_SIGNATURE, image_files.PNG_SIGNATURE)
 
 DataError = base_input_generator.DataError
+InputName = base_input_generator.InputName
+DataRoot = base_input_generator.DataRoot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +100,7 @@ class ImageFolderInput(input_generator.ImageClassificationInput):
                  f'{CHECKS}.')
     if p.data_dir is None:
       raise FileNotFoundError(
-          f'{_Who(p)}: no image folder given; pass --data_dir=ROOT '
+          f'{InputName(p)}: no image folder given; pass --data_dir=ROOT '
           f'(p.data_dir), a folder of ROOT/{p.split}/<class>/*.jpg.')
     CheckFolder(p)
 
@@ -137,16 +139,17 @@ def CheckFolder(p: hyperparams.Params) -> Folder:
   Raises:
     DataError: the first problem, one line naming the file or folder.
   """
-  root = _Root(p)
+  root = DataRoot(p)
   try:
     folder = _CheckedSplit(root, p.split, p.check_images)
   except DataError as err:
-    raise DataError(f'{_Who(p)}: {err}') from None
+    raise DataError(f'{InputName(p)}: {err}') from None
   if not p.repeat and folder.num_images < p.batch_size:
     raise DataError(
-        f'{_Who(p)}: {os.path.join(root, p.split)} has {folder.num_images} '
-        f'images, fewer than one batch of {p.batch_size}; add images or '
-        'lower the batch size (p.batch_size).')
+        f'{InputName(p)}: {os.path.join(root, p.split)} has '
+        f'{folder.num_images} images, fewer than one batch of '
+        f'{p.batch_size}; add images or lower the batch size '
+        '(p.batch_size).')
   return folder
 
 
@@ -230,13 +233,3 @@ def _CheckImages(stamps: Tuple[Tuple[str, int, int], ...],
     if problem:
       raise DataError(f'{path} is not a whole JPEG or PNG image '
                       f'({problem}); replace or remove it.')
-
-
-def _Root(p: hyperparams.Params) -> str:
-  """p.data_dir, absolute if it is a local path."""
-  path = os.fspath(p.data_dir)
-  return path if '://' in path else os.path.abspath(path)
-
-
-def _Who(p: hyperparams.Params) -> str:
-  return f'{p.cls.__name__} {p.name!r}'

@@ -49,6 +49,8 @@ from lingvo_pipe.tasks.mt import input_generator
 NAME = 'translate_folder'  # p.dataset_name: informational
 
 DataError = base_input_generator.DataError
+InputName = base_input_generator.InputName
+DataRoot = base_input_generator.DataRoot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +103,7 @@ class TranslateFolderInput(input_generator.MTInput):
     p = self.params
     if p.data_dir is None:
       raise FileNotFoundError(
-          f'{_Who(p)}: no folder of sentence pairs given; pass '
+          f'{InputName(p)}: no folder of sentence pairs given; pass '
           '--data_dir=ROOT (p.data_dir), a folder of ROOT/<lang>.<split>.txt '
           'files.')
     CheckFolder(p)
@@ -127,7 +129,7 @@ def CheckFolder(p: hyperparams.Params) -> Folder:
   Raises:
     DataError: the first problem, one line naming the file or folder.
   """
-  root, folder = _Root(p), _Checked(p)
+  root, folder = DataRoot(p), _Checked(p)
   source, target = _Languages(p, folder)
   for split in dict.fromkeys((p.split, p.vocab_split)):
     files = folder.splits.get(split, {})
@@ -139,13 +141,13 @@ def CheckFolder(p: hyperparams.Params) -> Folder:
       aligned = f', aligned line by line with {present[0]}' if present else ''
       them = 'it' if len(missing) == 1 else 'them'
       raise DataError(
-          f'{_Who(p)}: no file {names} (split {split!r}, {source} -> '
+          f'{InputName(p)}: no file {names} (split {split!r}, {source} -> '
           f'{target}); add {them}{aligned}, or change p.split.')
   lines = folder.splits[p.split][source][1]
   if not p.repeat and lines < p.batch_size:
     raise DataError(
-        f'{_Who(p)}: {folder.splits[p.split][source][0]} has {lines} lines, '
-        f'fewer than one batch of {p.batch_size}; add sentence pairs or '
+        f'{InputName(p)}: {folder.splits[p.split][source][0]} has {lines} '
+        f'lines, fewer than one batch of {p.batch_size}; add sentence pairs or '
         'lower the batch size (p.batch_size).')
   return folder
 
@@ -160,9 +162,9 @@ def _FillLanguages(p: hyperparams.Params) -> None:
 def _Checked(p: hyperparams.Params) -> Folder:
   """_CheckedFolder of p.data_dir, its error naming the input."""
   try:
-    return _CheckedFolder(_Root(p))
+    return _CheckedFolder(DataRoot(p))
   except DataError as err:
-    raise DataError(f'{_Who(p)}: {err}') from None
+    raise DataError(f'{InputName(p)}: {err}') from None
 
 
 def _Languages(p: hyperparams.Params, folder: Folder) -> Tuple[str, str]:
@@ -178,11 +180,11 @@ def _Languages(p: hyperparams.Params, folder: Folder) -> Tuple[str, str]:
     target = others[0]
   if source is None or target is None:
     raise DataError(
-        f'{_Who(p)}: {p.data_dir} has files of {len(languages)} languages '
+        f'{InputName(p)}: {p.data_dir} has files of {len(languages)} languages '
         f'({", ".join(languages)}), so source and target are not known; '
         "set p.source_key and p.target_key (e.g. 'de' and 'en').")
   if source == target:
-    raise DataError(f'{_Who(p)}: source_key and target_key are both '
+    raise DataError(f'{InputName(p)}: source_key and target_key are both '
                     f'{source!r}; set two languages.')
   return source, target
 
@@ -246,13 +248,3 @@ def _CountLines(path: str) -> int:
   if not lines:
     raise DataError(f'{path} is empty; add its sentences, one a line.')
   return lines
-
-
-def _Root(p: hyperparams.Params) -> str:
-  """p.data_dir, absolute if it is a local path."""
-  path = os.fspath(p.data_dir)
-  return path if '://' in path else os.path.abspath(path)
-
-
-def _Who(p: hyperparams.Params) -> str:
-  return f'{p.cls.__name__} {p.name!r}'
