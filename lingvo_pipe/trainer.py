@@ -209,7 +209,8 @@ def CheckBatches(p: Any) -> None:
     where = (f'{dataset}_input.batch_size={batch}' +
              (f' ({per} per replica)' if per != batch else ''))
     for path, pipeline in pipelines:
-      why = gpipe.MicroBatchError(pipeline, per)
+      why = gpipe.MicroBatchError(
+          pipeline, per, replicas if dataset == 'train' else 1)
       if why:
         knob = ('micro_batch_size' if pipeline.micro_batch_size is not None
                 else 'num_micro_batches')
@@ -318,7 +319,8 @@ class Runner:
     written = []
     for layer in self._Pipelines():
       svg = timeline.ScheduleSvg(
-          layer.Table(layer.NumMicroBatches(batch_size)), layer.devices,
+          layer.Table(layer.NumMicroBatches(batch_size, replicas)),
+          layer.devices,
           layer.path)
       path = os.path.join(
           self._logdir, f"pipeline_{layer.path.replace('/', '.')}.svg")
@@ -401,6 +403,8 @@ class Runner:
       print(f'Resumed from {restored} at step {step}; {where}.', flush=True)
     elif tp.init_from_checkpoint_rules:
       print(self._InitFromRules(tp.init_from_checkpoint_rules), flush=True)
+    # Replicas' copies of the pipelines' variables start as replica 0's.
+    self._task.SyncMirrors()
     self._SummarizeStart(step)
     train_step = self._Function('train', self._task.TrainStep)
     batch_size = self._p.train_input.batch_size

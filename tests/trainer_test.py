@@ -233,13 +233,14 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
       self.assertTrue((value == values[1][name]).all(), name)
 
   def testCheckpointOfTwoReplicasResumesWithOne(self):
-    """One copy of the variables: R=2 trains as R=1 and resumes as R=1."""
+    """Checkpoints hold replica 0's copy: R=2 (M / 2 micro-batches each)
+    trains as R=1 and resumes as R=1."""
     common = ('--model_params_override=task.train.eval_interval_steps : 0\n'
               'task.train.max_steps : ')
     two, one = (self.create_tempdir().full_path for _ in range(2))
     result = self._Run(two, common + '20', '--num_replicas=2')
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-    self.assertIn('R=2 replicas x K=2 partitions, M=4 micro-batches',
+    self.assertIn('R=2 replicas x K=2 partitions, M=2 micro-batches',
                   result.stdout)
     self.assertIn('partition 1: /device:CPU:1 | /device:CPU:3', result.stdout)
     result = self._Run(one, common + '20')
@@ -385,16 +386,17 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
       self.assertEqual(result.stderr.strip().splitlines()[-1], line)
       self.assertNotIn('step 1', result.stdout)
       self.assertFalse(os.path.exists(os.path.join(logdir, 'train')))
-    # Per replica: 16 over 2 replicas is 8 a replica, 4 micro-batches each.
+    # Per replica: 16 over 2 replicas is 8 a replica, M / 2 micro-batches.
     result = self._Run(logdir, '--num_replicas=2',
                        '--model_params_override=task.network.'
-                       'num_micro_batches : 16')
+                       'num_micro_batches : 6')
     self.assertEqual(result.returncode, 1, result.stderr[-3000:])
     self.assertEqual(result.stderr.strip().splitlines()[-1],
                      'error: train_input.batch_size=16 (8 per replica) does '
-                     'not fit the pipeline task.network: num_micro_batches=16 '
-                     'is larger than the batch size 8; use at most 8 (set '
-                     'task.network.num_micro_batches or '
+                     'not fit the pipeline task.network: batch size 8 does '
+                     'not split into 3 micro-batches (num_micro_batches=6 '
+                     'over 2 replicas) equal parts; use a divisor of 8 times '
+                     '2 (set task.network.num_micro_batches or '
                      'train_input.batch_size).')
 
 

@@ -32,12 +32,13 @@ path, which is its path (`root/child/w`) unless a parent leaves a child's
 name out (`CreateChild(..., seed_name='')`); never on devices or on
 construction order.
 
-Mode flags (`training`, `update_stats`, `replica`) are plain Python
-attributes read while tracing: set them with `SetTraining` /
+Mode flags (`training`, `update_stats`, `replica`, `num_replicas`) are
+plain Python attributes read while tracing: set them with `SetTraining` /
 `SetUpdateStats` / `SetReplica` on the root, which sets the whole subtree.
-`replica` says which data-parallel replica's devices a PipeliningLayer
-runs on (0, where the variables live, unless BaseTask.TrainStep runs
-several).
+`replica` says which of `num_replicas` data-parallel replicas a
+PipeliningLayer runs as (0 of 1 unless BaseTask's training step runs
+several): its devices, its share of the micro-batches, and the copies
+its gradients are summed with.
 """
 
 from __future__ import annotations
@@ -260,6 +261,7 @@ class BaseLayer(metaclass=_BaseLayerMeta):
     self.training = True
     self.update_stats = True
     self.replica = 0
+    self.num_replicas = 1
 
   # ---- construction ---------------------------------------------------
 
@@ -443,10 +445,11 @@ class BaseLayer(metaclass=_BaseLayerMeta):
     for layer in self.Layers():
       layer.update_stats = bool(update)
 
-  def SetReplica(self, replica: int) -> None:
-    """Which replica's devices pipelines of the subtree run on."""
+  def SetReplica(self, replica: int, num_replicas: int = 1) -> None:
+    """Which of how many replicas pipelines of the subtree run as."""
     for layer in self.Layers():
       layer.replica = int(replica)
+      layer.num_replicas = int(num_replicas)
 
   @contextlib.contextmanager
   def NoStatUpdates(self) -> Iterator[None]:

@@ -18,9 +18,10 @@ One training step (all of it inside the trainer's tf.function):
      order, each micro-batch's loss computed as its forward ends)
   grads = d metrics.loss[0] / d trainable vars
     (R = train.num_replicas > 1: data parallelism, see `replicas.py`:
-     replica r runs FProp on its slice of the batch, on its own devices;
-     metrics are combined by weight; each variable's gradient is the sum
-     of the replicas', added up on the variable's device)
+     replica r runs on its slice of the batch, on its own devices and its
+     own copy of every pipeline's variables; each stage's gradient is
+     all-reduced over the copies as its backwards end, other variables'
+     gradients are summed on their device; every copy is updated alike)
   grad_norm = global_norm(grads)                   # before clipping
   if clip > 0: grads *= clip / max(grad_norm, clip)
   lr = train.learning_rate * lr_schedule.Value(step)
@@ -216,8 +217,11 @@ def _TrainParams() -> hyperparams.Params:
   p.Define('num_replicas', 1,
            'R, data-parallel replicas of the model: replica r takes slice '
            'r of the batch (batch / R examples) and runs each pipeline on '
-           'its devices r * K .. r * K + K - 1; gradients are summed '
-           'across replicas. The batch size must be a multiple of R.')
+           'its devices r * K .. r * K + K - 1 with its own copy of the '
+           "pipeline's variables and num_micro_batches / R micro-batches "
+           '(the size one replica would run: M must be a multiple of R); '
+           'gradients are all-reduced across the copies. The batch size '
+           'must be a multiple of R.')
   p.Define('max_steps', 1000, 'Train until global_step reaches this.')
   p.Define('save_interval_steps', 1000, 'Steps between checkpoints.')
   p.Define('summary_interval_steps', 100, 'Steps between summaries.')
@@ -353,9 +357,12 @@ class BaseTask(base_layer.BaseLayer):
     on the current device. Idempotent: returns the existing state.
 
     Returns:
-      NestedMap(optimizer, lr_schedule, global_step, ema): ema is an
-      ema.ExponentialMovingAverage of the trainable vars, or None if
-      train.ema_decay is 0.
+      NestedMap(optimizer, lr_schedule, global_step, ema, mirrors,
+      mirror_optimizers): ema is an ema.ExponentialMovingAverage of the
+      trainable vars, or None if train.ema_decay is 0; with R =
+      train.num_replicas > 1, mirrors are replicas 1 .. R-1's copies of
+      the pipelines' variables (replicas.Mirrors), updated by
+      mirror_optimizers[r - 1], else None and [].
     """
     if self._train_state is not None:
       return self._train_state
@@ -369,12 +376,31 @@ class BaseTask(base_layer.BaseLayer):
     if self.params.train.ema_decay > 0:
       ema = ema_lib.ExponentialMovingAverage(self.params.train.ema_decay)
       ema.CreateShadows(trainable)
+    mirrors, mirror_optimizers = None, []
+    num_replicas = self.params.train.num_replicas
+    if num_replicas > 1:
+      mirrors = replicas.Mirrors(self, num_replicas)
+      for r in range(1, num_replicas):
+        mirror_optimizers.append(self.params.train.optimizer.Instantiate())
+        mirror_optimizers[-1].CreateSlots(mirrors.CopiesByPath(r))
     self._train_state = NestedMap(
         optimizer=self._optimizer, lr_schedule=self._lr_schedule,
         global_step=tf.Variable(tf.constant(0, tf.int64), trainable=False,
                                 name='global_step'),
-        ema=ema)
+        ema=ema, mirrors=mirrors, mirror_optimizers=mirror_optimizers)
     return self._train_state
+
+  def SyncMirrors(self) -> None:
+    """Sets replicas 1 .. R-1's copies of the pipelines' variables, and
+    their optimizer slots, from replica 0's (after a restore). Eager."""
+    state = self._train_state
+    if state is None or state.mirrors is None:
+      return
+    state.mirrors.Sync()
+    slots = state.optimizer.SlotVariables()
+    for opt in state.mirror_optimizers:
+      for name, var in opt.SlotVariables().items():
+        var.assign(slots[name].read_value())
 
   @property
   def train_state(self) -> Optional[NestedMap]:
@@ -486,17 +512,21 @@ class BaseTask(base_layer.BaseLayer):
       step = state.global_step.read_value()
       batch = self._WithExampleKeys(input_batch, step)
       variables = [v for _, v in self._TrainableVariables()]
-      metrics, grads = self._LossAndGradients(batch, variables)
+      metrics, grads, copies = self._LossAndGradients(batch, variables)
     loss = metrics.loss[0]
-    grads, grad_norm = _ClipByGlobalNorm(
+    grads, grad_norm, scale = _ClipByGlobalNorm(
         grads, variables, tp.clip_gradient_norm_to_value)
+    # Every copy's gradient is its variable's, so one norm and one scale.
+    copies = [[(_Scale(g, scale, c), c) for g, c in pairs]
+              for pairs in copies]
     lr = tf.constant(tp.learning_rate, tf.float32) * self._lr_schedule.Value(
         step)
     is_finite = tf.logical_and(tf.reduce_all(tf.math.is_finite(loss)),
                                tf.math.is_finite(grad_norm))
     done = tf.cond(
         is_finite,
-        lambda: self._ApplyUpdates(state, lr, grads, variables, is_finite),
+        lambda: self._ApplyUpdates(state, lr, grads, variables, is_finite,
+                                   copies),
         lambda: self._DropStats(is_finite))
     out = NestedMap({name: pair[0] for name, pair in metrics.items()})
     out.learning_rate = lr
@@ -506,15 +536,47 @@ class BaseTask(base_layer.BaseLayer):
       out.global_step = state.global_step.read_value()
     return out
 
-  def _TrainFProp(self, theta: NestedMap, batch: NestedMap) -> Metrics:
-    """Training metrics: one pass if the task has a plan, else FProp."""
-    plan = self.OnePassTraining(theta, batch)
-    if plan is None:
+  def _TrainFProp(self, thetas: List[NestedMap], batches: List[NestedMap]
+                  ) -> NestedMap:
+    """Training metrics of R replicas (one per theta and batch slice): one
+    pass if the task has a plan, else FProp. Each replica runs with
+    SetReplica(r, R); with one pass, each replica's loss is divided by the
+    whole batch's weight and the replicas' losses add up."""
+    num = len(thetas)
+
+    @contextlib.contextmanager
+    def Replica(r: int) -> Iterator[None]:
+      self.SetReplica(r, num)
+      try:
+        if num == 1:
+          yield
+        else:
+          with tf.name_scope(f'replica_{r}'):
+            yield
+      finally:
+        self.SetReplica(0, 1)
+
+    plans = []
+    for r, (theta, batch) in enumerate(zip(thetas, batches)):
+      with Replica(r):
+        plans.append(self.OnePassTraining(theta, batch))
+    per = []
+    if any(plan is None for plan in plans):
       self._CheckGPipeOnly()
-      return self.FProp(theta, batch)[0]
-    return plan.network.FPropWithLoss(
-        plan.theta, plan.inputs, plan.head, plan.head_theta, plan.head_batch,
-        plan.loss_weight)
+      for r, (theta, batch) in enumerate(zip(thetas, batches)):
+        with Replica(r):
+          per.append(self._Checked(self.FProp(theta, batch)[0]))
+      return per[0] if num == 1 else replicas.CombineMetrics(per)
+    total = plans[0].loss_weight
+    if num > 1:
+      total = tf.add_n([tf.cast(p.loss_weight, tf.float64) for p in plans])
+    for r, plan in enumerate(plans):
+      with Replica(r):
+        per.append(self._Checked(plan.network.FPropWithLoss(
+            plan.theta, plan.inputs, plan.head, plan.head_theta,
+            plan.head_batch, plan.loss_weight, normaliser=total)))
+    return (per[0] if num == 1 else
+            replicas.CombineMetrics(per, summed=('loss',)))
 
   def _CheckGPipeOnly(self) -> None:
     for layer in self.Layers():
@@ -526,8 +588,8 @@ class BaseTask(base_layer.BaseLayer):
             "theta, batch) in the task (base_model.OnePass), or use "
             "schedule 'gpipe'.")
 
-  def _CheckedFProp(self, theta: NestedMap, batch: NestedMap) -> NestedMap:
-    metrics = self._CheckMetrics(self._TrainFProp(theta, batch))
+  def _Checked(self, metrics: Metrics) -> NestedMap:
+    metrics = self._CheckMetrics(metrics)
     clash = [k for k in _TRAIN_OUTPUTS if k in metrics]
     if clash:
       raise ValueError(
@@ -535,27 +597,45 @@ class BaseTask(base_layer.BaseLayer):
           'reserved for TrainStep outputs; rename them.')
     return metrics
 
-  def _LossAndGradients(self, batch: NestedMap,
-                        variables: List[tf.Variable]
-                        ) -> Tuple[NestedMap, List[Any]]:
-    """(metrics, d loss / d each variable), over train.num_replicas."""
+  def _LossAndGradients(
+      self, batch: NestedMap, variables: List[tf.Variable]
+  ) -> Tuple[NestedMap, List[Any], List[List[Tuple[Any, tf.Variable]]]]:
+    """(metrics, d loss / d each variable, [[(gradient, copy)] of replica
+    r's copies, r = 1 .. R-1]), over train.num_replicas (replicas.py)."""
     num_replicas = self.params.train.num_replicas
     if num_replicas == 1:
       with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(variables)
-        metrics = self._CheckedFProp(self.theta, batch)
-      return metrics, tape.gradient(metrics.loss[0], variables)
-
-    def ReplicaFProp(theta, piece, replica):
-      self.SetReplica(replica)
-      try:
-        return self._CheckedFProp(theta, piece)
-      finally:
-        self.SetReplica(0)
-
-    return replicas.LossAndGradients(
-        ReplicaFProp, self.theta, batch, variables, num_replicas,
-        f"Task '{self.path}'")
+        metrics = self._TrainFProp([self.theta], [batch])
+      return metrics, tape.gradient(metrics.loss[0], variables), []
+    mirrors = self._State('a step of train.num_replicas > 1').mirrors
+    slices = replicas.SplitBatch(batch, num_replicas, f"Task '{self.path}'")
+    watched, thetas = [], []
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+      for r in range(num_replicas):
+        theta, reads = replicas.ReadAll(mirrors.Substitute(self.theta, r))
+        mine = [reads.get(id(mirrors.Copy(v, r))) for v in variables]
+        tape.watch([t for t in mine if t is not None])
+        watched.append(mine)
+        thetas.append(theta)
+      metrics = self._TrainFProp(thetas, slices)
+    flat = [t for mine in watched for t in mine if t is not None]
+    grads = iter(tape.gradient(metrics.loss[0], flat))
+    per_replica = [[None if t is None else next(grads) for t in mine]
+                   for mine in watched]
+    # A mirrored variable's copies each hold the all-reduced gradient;
+    # the others' gradients are summed over the replicas.
+    single = [v not in mirrors for v in variables]
+    summed = replicas.SumGradients(
+        [[g if one else None for g, one in zip(grads_r, single)]
+         for grads_r in per_replica], variables)
+    out = [g_sum if one else g_0 for g_sum, g_0, one in
+           zip(summed, per_replica[0], single)]
+    copies = [[(g, mirrors.Copy(v, r)) for g, v, one in
+               zip(per_replica[r], variables, single)
+               if not one and g is not None]
+              for r in range(1, num_replicas)]
+    return metrics, out, copies
 
   def Gradients(self, input_batch: NestedMap
                 ) -> Tuple[NestedMap, Dict[str, Any]]:
@@ -569,23 +649,31 @@ class BaseTask(base_layer.BaseLayer):
     with self._Mode(training=True), self.NoStatUpdates():
       batch = self._WithExampleKeys(input_batch, step)
       named = self._TrainableVariables()
-      metrics, grads = self._LossAndGradients(batch, [v for _, v in named])
+      metrics, grads, copies = self._LossAndGradients(
+          batch, [v for _, v in named])
+      # The copies' all-reduces must run for replica 0's to end.
+      with tf.control_dependencies([g for pairs in copies for g, _ in pairs]):
+        grads = [None if g is None else tf.identity(g) for g in grads]
     return metrics, {path: g for (path, _), g in zip(named, grads)}
 
   def _ApplyUpdates(self, state: NestedMap, lr: tf.Tensor,
                     grads: List[Any],
                     variables: List[tf.Variable],
-                    is_finite: tf.Tensor) -> tf.Tensor:
+                    is_finite: tf.Tensor,
+                    copies: List[List[Tuple[Any, tf.Variable]]]
+                    ) -> tf.Tensor:
     tp = self.params.train
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
     decays = []
     if tp.weight_decay > 0:
-      for _, var in pairs:
+      for _, var in pairs + [p for pairs_r in copies for p in pairs_r]:
         with tf.device(var.device):
           scale = tf.cast(lr, var.dtype) * tf.constant(tp.weight_decay,
                                                        var.dtype)
           decays.append((var, scale * var.read_value()))
     ops = state.optimizer.Apply(lr, pairs)
+    for opt, pairs_r in zip(state.mirror_optimizers, copies):
+      ops += opt.Apply(lr, pairs_r)
     with tf.control_dependencies(ops):
       for var, delta in decays:
         with tf.device(var.device):
@@ -625,9 +713,19 @@ class BaseTask(base_layer.BaseLayer):
     return self._train_state.global_step.read_value()
 
 
+def _Scale(grad: Any, scale: Optional[tf.Tensor], var: tf.Variable) -> Any:
+  """grad * scale on var's device; grad itself if scale is None."""
+  if scale is None:
+    return grad
+  with tf.device(var.device):
+    return tf.convert_to_tensor(grad) * tf.cast(scale, grad.dtype)
+
+
 def _ClipByGlobalNorm(grads: List[Any], variables: List[tf.Variable],
-                      clip_norm: float) -> Tuple[List[Any], tf.Tensor]:
-  """Dense grads, scaled by clip / max(norm, clip) if clip > 0; the norm.
+                      clip_norm: float
+                      ) -> Tuple[List[Any], tf.Tensor, Optional[tf.Tensor]]:
+  """Dense grads, scaled by clip / max(norm, clip) if clip > 0; the norm;
+  the scale (None without clipping).
 
   Each gradient's square sum and scaling run on its variable's device. The
   norm is float64 if any gradient is, else float32.
@@ -643,14 +741,10 @@ def _ClipByGlobalNorm(grads: List[Any], variables: List[tf.Variable],
     dense.append(g)
   norm = tf.sqrt(tf.add_n(squares)) if squares else tf.zeros([], norm_dtype)
   if clip_norm <= 0:
-    return dense, norm
+    return dense, norm, None
   clip = tf.constant(clip_norm, norm_dtype)
   scale = clip / tf.maximum(norm, clip)
-  clipped = []
-  for g, v in zip(dense, variables):
-    if g is not None:
-      with tf.device(v.device):
-        g = g * tf.cast(scale, g.dtype)
-    clipped.append(g)
-  return clipped, norm
+  clipped = [None if g is None else _Scale(g, scale, v)
+             for g, v in zip(dense, variables)]
+  return clipped, norm, scale
 

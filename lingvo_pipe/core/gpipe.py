@@ -234,15 +234,23 @@ class PipeliningLayer(base_layer.BaseLayer):
     except ValueError as err:
       raise ValueError(f"PipeliningLayer '{self.path}': {err}") from None
 
-  def NumMicroBatches(self, batch_size: int) -> int:
-    """M for a batch of `batch_size`; raises if it does not split evenly."""
-    why = MicroBatchError(self.params, batch_size)
+  def NumMicroBatches(self, batch_size: int,
+                      num_replicas: Optional[int] = None) -> int:
+    """M for a batch of `batch_size`; raises if it does not split evenly.
+
+    As one of R replicas (`num_replicas`, default the layer's own while
+    training), the batch is this replica's slice and M is
+    p.num_micro_batches / R: each replica runs micro-batches of the size
+    one replica would.
+    """
+    num_replicas = num_replicas or self.num_replicas
+    why = MicroBatchError(self.params, batch_size, num_replicas)
     if why:
       raise ValueError(f"PipeliningLayer '{self.path}': {why}.")
     p = self.params
     if p.micro_batch_size is not None:
       return batch_size // p.micro_batch_size
-    return p.num_micro_batches
+    return p.num_micro_batches // num_replicas
 
   def _BatchSize(self, leaves: Sequence[tf.Tensor]) -> int:
     axis = self.params.batch_dim
@@ -303,7 +311,7 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   def FPropWithLoss(self, theta: NestedMap, inputs: Any,
                     head: pipeline_run.Head, head_theta: Any, batch: Any,
-                    loss_weight: Any) -> NestedMap:
+                    loss_weight: Any, normaliser: Any = None) -> NestedMap:
     """One training pass in p.schedule's order: metrics {name: (value,
     weight)}, whose 'loss' is differentiable.
 
@@ -316,10 +324,14 @@ class PipeliningLayer(base_layer.BaseLayer):
     micro-batch adds loss_m x weight_m / loss_weight, so the loss is the
     head's weighted mean over the batch. The gradient of 'loss' reaches
     `inputs`, `theta` and `head_theta`; the other metrics have none.
+    `normaliser` (default `loss_weight`): what loss_m x weight_m is
+    divided by instead, the whole batch's weight when this is one
+    replica's slice of it (replicas.py).
     """
     run, leaves, num_micro = self._Run(theta, inputs)
     return run.Train(leaves, self.Table(num_micro), head, head_theta, batch,
-                     loss_weight)
+                     loss_weight,
+                     loss_weight if normaliser is None else normaliser)
 
   def Describe(self, batch_size: int, num_replicas: int = 1) -> str:
     """A few lines: devices, M, schedule, recompute mode, bubble, timeline.
@@ -332,7 +344,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     line lists its device in every replica, separated by ' | '.
     """
     s_total = self.num_partitions
-    m = self.NumMicroBatches(batch_size)
+    m = self.NumMicroBatches(batch_size, num_replicas)
     table = self.Table(m)
     sim = schedule_lib.Simulate(table)
     where = [self.ReplicaDevices(r) for r in range(num_replicas)]
@@ -381,20 +393,31 @@ def _CheckSchedule(where: str, p: Any) -> int:
   return s_total // v
 
 
-def MicroBatchError(p: Any, batch_size: int) -> Optional[str]:
+def MicroBatchError(p: Any, batch_size: int,
+                    num_replicas: int = 1) -> Optional[str]:
   """Why a batch of `batch_size` does not split into the micro-batches of
-  PipeliningLayer params `p`, and what to change; None if it does."""
+  PipeliningLayer params `p`, and what to change; None if it does. With
+  `num_replicas` R > 1, `batch_size` is one replica's slice, which takes
+  num_micro_batches / R of them."""
   if p.micro_batch_size is not None:
     if batch_size % p.micro_batch_size:
       return (f'batch size {batch_size} is not a multiple of '
               f'micro_batch_size={p.micro_batch_size}; change one of them')
     return None
   m = p.num_micro_batches
+  what = f'num_micro_batches={m}'
+  if num_replicas > 1:
+    if m % num_replicas:
+      return (f'{what} does not split over num_replicas={num_replicas} '
+              f'(each replica runs M / R of them); use a multiple of '
+              f'{num_replicas}')
+    m //= num_replicas
+    what = f'{m} micro-batches ({what} over {num_replicas} replicas)'
   if m > batch_size:
-    return (f'num_micro_batches={m} is larger than the batch size '
-            f'{batch_size}; use at most {batch_size}')
+    return (f'{what} is larger than the batch size {batch_size}; use at '
+            f'most {batch_size * num_replicas}')
   if batch_size % m:
-    return (f'batch size {batch_size} does not split into '
-            f'num_micro_batches={m} equal parts; use a divisor of '
-            f'{batch_size}')
+    return (f'batch size {batch_size} does not split into {what} equal '
+            f'parts; use a divisor of {batch_size}' +
+            (f' times {num_replicas}' if num_replicas > 1 else ''))
   return None

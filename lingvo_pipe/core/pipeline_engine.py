@@ -11,7 +11,9 @@ action produced:
                 s = S-1 and a loss:  dy[S-1][m] = stage.Loss(m, y)
       B(s, m):  dx = stage.Backward(s, m, dy[s][m])     dy[s-1][m] = dx
       W(s, m):  stage.Weight(s, m)   (tables that split the backward)
-    last[d] = the action's outputs
+      A(s):     stage.AllReduce(s)   (replicas: sum over the stage's copies)
+    last[d] = the action's outputs   (not an A's: the device goes on with
+                                      its next action while it runs)
 
 The engine knows the order and where values go; `StageOps` (the
 pipeline's functions) knows what an action computes, and what it keeps
@@ -55,6 +57,9 @@ class StageOps(Protocol):
 
   def Weight(self, s: int, m: int) -> Leaves:
     """W(s, m): the stage's running gradient sums."""
+
+  def AllReduce(self, s: int) -> Leaves:
+    """A(s): the stage's gradient sums, summed over its mirrored copies."""
 
 
 @dataclasses.dataclass
@@ -110,9 +115,12 @@ class Engine:
     self._done += [a for _, a in order]
     for d, a in order:
       s, m = a.stage, a.micro_batch
-      scope = {'F': 'fwd', 'B': 'bwd', 'W': 'wgt'}[a.phase]
-      with tf.device(self._devices[d]), tf.name_scope(f'cell_{s}/{scope}_{m}'):
-        if a.phase == 'W':
+      scope = {'F': f'fwd_{m}', 'B': f'bwd_{m}', 'W': f'wgt_{m}',
+               schedule.ALL_REDUCE: 'all_reduce'}[a.phase]
+      with tf.device(self._devices[d]), tf.name_scope(f'cell_{s}/{scope}'):
+        if a.phase == schedule.ALL_REDUCE:
+          self._AllReduce(d, s)
+        elif a.phase == 'W':
           self._Weight(d, s, m)
         elif a.phase == 'F':
           y = self._Forward(d, s, m, x.pop((s, m)))
@@ -183,6 +191,16 @@ class Engine:
       sums = self._ops.Weight(s, m)
     end = self._Finish(d, 'W', s, m, start, sums)
     self._last[d] = [t for t in sums if t is not None] + _Present(end)
+
+  def _AllReduce(self, d: int, s: int) -> None:
+    """Each bucket's collective waits for its own gradients only, so the
+    first go while the stage's last backward still makes the rest. When
+    recording, the task starts as the device's previous action ends and
+    ends when every sum is in: its length is the exchange not hidden
+    behind that backward."""
+    start = self._Begin(d, list(self._last.get(d, [])), [])
+    sums = self._ops.AllReduce(s)
+    self._Finish(d, schedule.ALL_REDUCE, s, 0, start, sums)
 
   def _Backward(self, d: int, s: int, m: int, dy: Leaves) -> Leaves:
     after = list(self._last.get(d, []))

@@ -7,7 +7,9 @@ the last stage's forward of micro-batch m, one call on the last device
 computes
 
   l_m   = value_m * weight_m / W         (W: the whole batch's weight of
-                                          'loss', known before any forward)
+                                          'loss', known before any forward;
+                                          of every replica's slice with
+                                          data parallelism)
   dy_m  = d l_m / d outputs              (B(S-1, m)'s output gradient)
   acc  += d l_m / d head_theta           (variables after the pipeline)
 
@@ -45,7 +47,8 @@ class LossHead:
   def __init__(self, where: str, head: Head, head_theta: Any,
                batch: Dict[int, Leaves], batch_structure: Any,
                total_weight: tf.Tensor, device: str,
-               wrap: Callable[[Callable[..., Any]], Any]):
+               wrap: Callable[[Callable[..., Any]], Any],
+               normaliser: Optional[tf.Tensor] = None):
     self._where = where
     self._head = head
     self._theta_structure = head_theta
@@ -53,6 +56,8 @@ class LossHead:
       self.theta_leaves = [tf.convert_to_tensor(t)
                            for t in tf.nest.flatten(head_theta)]
       self._total_weight = tf.convert_to_tensor(total_weight)
+      self._normaliser = tf.convert_to_tensor(
+          total_weight if normaliser is None else normaliser)
     self._batch = batch
     self._batch_structure = batch_structure
     self._device = device
@@ -77,7 +82,7 @@ class LossHead:
         self._acc = [tf.zeros_like(t) if residuals.IsFloat(t) else None
                      for t in theta_leaves]
     loss, metrics, dy, self._acc = self._fn(
-        theta_leaves, y, self._batch[m], self._total_weight, self._acc)
+        theta_leaves, y, self._batch[m], self._normaliser, self._acc)
     self._per_micro[m] = (loss, list(metrics))
     return list(dy), [loss] + [t for t in self._acc if t is not None]
 

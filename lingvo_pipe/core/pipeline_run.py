@@ -57,6 +57,7 @@ from typing import Sequence, Tuple
 
 import tensorflow as tf
 
+from lingvo_pipe.core import all_reduce
 from lingvo_pipe.core import backward_split
 from lingvo_pipe.core import input_gradient
 from lingvo_pipe.core import pipeline_engine
@@ -127,16 +128,20 @@ class _StageFunction:
     return self.get_concrete_function(*args)(*args)
 
 
-def _OnDevice(fn: Callable[..., Any], device: str) -> _StageFunction:
-  """`fn` as a non-inlined tf.function whose every op is on `device`."""
+def _OnDevice(fn: Callable[..., Any], device: str,
+              inline: bool = False) -> _StageFunction:
+  """`fn` as a non-inlined tf.function whose every op is on `device`;
+  `inline`: one the runtime pastes into the graph, whose outputs are then
+  ready one by one (a stage's last backward before its all-reduce)."""
 
   def Body(*args):
     with tf.device(device):
       return fn(*args)
 
-  Body.__name__ = fn.__name__
+  Body.__name__ = fn.__name__ + ('_inline' if inline else '')
   return _StageFunction(tf.function(
-      Body, autograph=False, experimental_attributes=_FUNCTION_ATTRIBUTES))
+      Body, autograph=False,
+      experimental_attributes=None if inline else _FUNCTION_ATTRIBUTES))
 
 
 def CastFloats(leaves: Sequence[Optional[tf.Tensor]],
@@ -226,6 +231,16 @@ class PipelineRun:
     # One-pass training (Train): the loss head, and its theta as Run got it.
     self._loss: Optional[pipeline_loss.LossHead] = None
     self._head_theta: Leaves = []
+    # Replicas (all_reduce.py): per stage, the devices of its R copies and
+    # the micro-batch of its last backward (an inlined call, whose
+    # gradients reach the all-reduce's buckets one by one).
+    self._replicas = layer.num_replicas
+    self._mirror_devices = [
+        [layer.ReplicaDevices(r)[d] for r in range(self._replicas)]
+        for d in self._stage_devices]
+    self._last_backward: Dict[int, int] = {}
+    self._inline_backward_fns: Dict[int, Any] = {}
+    self._kind = ''
 
   def _SetTheta(self, theta: List[Leaves]) -> None:
     """Run's theta leaves per stage. With a hand-off dtype the stage
@@ -376,11 +391,45 @@ class PipelineRun:
       out = self._backward_0_no_dx(theta_leaves, x, dy, acc, *clock_args)
       dx = self._input_gradient_fn(theta_leaves, x, dy)
     else:
-      out = self._backward_fns[s](theta_leaves, x, dy, acc, *clock_args)
+      fn = self._backward_fns[s]
+      if self._last_backward.get(s) == m:
+        if s not in self._inline_backward_fns:
+          self._inline_backward_fns[s] = _OnDevice(
+              self._BackwardFn(s, self._devices[s]), self._devices[s],
+              inline=True)
+        fn = self._inline_backward_fns[s]
+      out = fn(theta_leaves, x, dy, acc, *clock_args)
       dx = out[0]
     self._acc[s] = list(out[1])
     recomputed = out[2] if clock is not None else None
     return list(dx), list(out[1]), recomputed
+
+  def AllReduce(self, s: int) -> Leaves:
+    """A(s) (pipeline_engine.StageOps): stage s's sums over its copies."""
+    cell_vars = tf.nest.flatten(self._cells[s].vars)
+    made = {id(v): i for i, v in enumerate(
+        v for layer in self._cells[s].Layers()
+        for v in layer._vars.values())}  # pylint: disable=protected-access
+    # The backward makes the last layers' gradients first.
+    order = sorted(range(len(cell_vars)),
+                   key=lambda i: -made.get(id(cell_vars[i]), i))
+    self._acc[s] = all_reduce.Sum(
+        self._Zeros(s), order, self._mirror_devices[s], self._devices[s],
+        (self._layer.path, self._kind, s))
+    return list(self._acc[s])
+
+  def _WithAllReduce(self, table: schedule.Schedule,
+                     kind: str) -> schedule.Schedule:
+    """`table`, with an A after each stage's last backward if replicated."""
+    if self._replicas == 1:
+      return table
+    self._kind = kind
+    last = 'W' if table.split_backward else 'B'
+    for row in table.order:
+      for a in row:
+        if a.phase == last:
+          self._last_backward[a.stage] = a.micro_batch
+    return schedule.WithAllReduce(table)
 
   def Loss(self, m: int, y: Leaves) -> Tuple[Leaves, Leaves]:
     """Micro-batch m's loss and d y, on the last device (Train)."""
@@ -425,7 +474,8 @@ class PipelineRun:
                for dy, y in zip(dys, outputs)]
         back = pipeline_engine.Flow(output_grads=_Split(
             dys, self._m, self._axis, self._devices[-1]))
-        self._engine.Run(table.Only('B'), back)
+        self._engine.Run(self._WithAllReduce(table.Only('B'), 'fprop'),
+                         back)
         dxs = _Concat(back.input_grads, self._axis, self._devices[0])
         return dxs + [g for part in self._acc for g in part]
 
@@ -440,7 +490,8 @@ class PipelineRun:
 
   def Train(self, leaves: Leaves, table: schedule.Schedule,
             head: pipeline_loss.Head, head_theta: Any, batch: Any,
-            total_weight: tf.Tensor) -> NestedMap:
+            total_weight: tf.Tensor,
+            normaliser: Optional[tf.Tensor] = None) -> NestedMap:
     """Runs the whole table once; metrics {name: (value, weight)}.
 
     `batch` (any nest, batch on the pipeline's batch axis; scalars go to
@@ -457,7 +508,8 @@ class PipelineRun:
     self._loss = pipeline_loss.LossHead(
         f"PipeliningLayer '{self._layer.path}'", head, head_theta,
         _Split(side, self._m, self._axis, last), batch, total_weight, last,
-        lambda fn: _OnDevice(fn, last))
+        lambda fn: _OnDevice(fn, last),
+        total_weight if normaliser is None else normaliser)
     num_in, num_head = len(leaves), len(self._loss.theta_leaves)
     sizes = [len(t) for t in self._theta_leaves]
     devices = ([self._devices[0]] * num_in +
@@ -471,7 +523,8 @@ class PipelineRun:
       self._head_theta = list(args[len(args) - num_head:])
       flow = pipeline_engine.Flow(inputs=_Split(
           list(args[:num_in]), self._m, self._axis, self._devices[0]))
-      self._engine.Run(table, flow, with_loss=True)
+      self._engine.Run(self._WithAllReduce(table, 'train'), flow,
+                       with_loss=True)
       loss, metrics = self._loss.Combine(self._m)
       grads = (_Concat(flow.input_grads, self._axis, self._devices[0]) +
                [g for part in self._acc for g in part] + self._loss.grads)

@@ -1,37 +1,40 @@
-"""Data parallelism: R replicas of a (pipelined) model, one set of variables.
+"""Data parallelism: R replicas, each pipeline partition mirrored on each.
 
 GPipe scales by pipelining inside a replica and by data parallelism across
-replicas. Here replica r runs every PipeliningLayer on its own devices
+replicas. Replica r runs every PipeliningLayer on its own devices
 (partition k on device r * K + k of the layer's `devices`), on slice r of
-the batch; the variables exist once, on replica 0's devices, so a
-checkpoint holds one copy and a run can resume with another R:
+the batch, with M / R of the pipeline's micro-batches (of the size one
+replica would run). Each partition's trainable variables have a copy on
+every replica's device (`Mirrors`): replica 0's are the layer's own
+variables, the ones checkpoints hold; replicas 1 .. R-1 have copies that
+start equal to them and stay equal:
 
   batch [B] --split--> slice 0 [B/R] .. slice R-1 [B/R]   (example keys of
                                                            the whole batch)
   for r in 0 .. R-1:                       (the runtime runs them at once)
-    theta_r = read every variable           (on its device; TF sends the
-                                             values to replica r's devices)
-    metrics_r = task.FProp(theta_r, slice r)   pipelines on replica r
-  metrics = sum_r value_r * weight_r / sum_r weight_r,  weight sum_r weight_r
-  grad(var) = add_n(d loss / d theta_r[var] for r = 0 .. R-1)
-              on var's device: TensorFlow moves replica r's gradient there
+    metrics_r = the task's training pass on slice r, replica r's copies
+      ... B(s, last) on device r*K + k ... A(s): the stage's gradient sums
+      all-reduced over its R copies (all_reduce.py), every copy gets the
+      whole batch's gradient
+  each copy is updated by its own optimizer slots, with the same gradient:
+  the copies stay bitwise equal
+
+Variables outside the pipelines (embeddings before one, a loss head
+after) have one copy where the step runs: each replica's gradient of
+them is summed there (`SumGradients`). BatchNorm's accumulators stay
+single variables, so the moving averages see the whole batch.
 
 The gradient is that of the whole batch's loss (a sum over examples is a
-sum over slices), so R replicas of M micro-batches train as one replica
-with the whole batch and R x M micro-batches (the same micro-batch size;
-BatchNorm normalises per micro-batch). BatchNorm's accumulators are
-single variables too, so every replica's micro-batches add to them and
-the moving averages see the whole batch.
-
-Why one copy and a sum on the variable's device rather than mirrored
-copies and an all-reduce: docs/DESIGN.md section 14 (measured).
-Layers outside pipelines run where the train step runs (the trainer's
-process), for every replica.
+sum over slices), so R replicas of M / R micro-batches train as one
+replica with the whole batch and M micro-batches. In a one-pass training
+step each replica's micro-batch losses are divided by the whole batch's
+loss weight, so the replicas' losses add up to the batch's
+(`CombineMetrics(..., summed=('loss',))`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -64,14 +67,19 @@ def SplitBatch(batch: NestedMap, num_replicas: int,
           for r in range(num_replicas)]
 
 
-def CombineMetrics(per_replica: Sequence[Mapping[str, Tuple[Any, Any]]]
-                   ) -> NestedMap:
-  """{name: (weighted mean of the values, sum of the weights)}."""
+def CombineMetrics(per_replica: Sequence[Mapping[str, Tuple[Any, Any]]],
+                   summed: Sequence[str] = ()) -> NestedMap:
+  """{name: (weighted mean of the values, sum of the weights)}; the metrics
+  in `summed` are plain sums of the values (already divided by the whole
+  batch's weight)."""
   out = NestedMap()
   for name in per_replica[0]:
     values = [m[name][0] for m in per_replica]
     weights = [tf.cast(m[name][1], values[0].dtype) for m in per_replica]
     total = tf.add_n(weights)
+    if name in summed:
+      out[name] = (tf.add_n(values), total)
+      continue
     mean = tf.math.divide_no_nan(
         tf.add_n([v * w for v, w in zip(values, weights)]), total)
     out[name] = (mean, total)
@@ -96,7 +104,7 @@ def SumGradients(per_replica: Sequence[Sequence[Optional[Any]]],
   return out
 
 
-def _ReadAll(theta: NestedMap) -> Tuple[NestedMap, dict]:
+def ReadAll(theta: NestedMap) -> Tuple[NestedMap, Dict[int, tf.Tensor]]:
   """theta with every variable read on its device; {id(var): read}."""
   reads = {}
 
@@ -110,28 +118,76 @@ def _ReadAll(theta: NestedMap) -> Tuple[NestedMap, dict]:
   return theta.Transform(Read), reads
 
 
-def LossAndGradients(
-    fprop: Callable[[NestedMap, NestedMap, int], Mapping[str, Any]],
-    theta: NestedMap, batch: NestedMap, variables: Sequence[tf.Variable],
-    num_replicas: int, where: str) -> Tuple[NestedMap, List[Optional[Any]]]:
-  """(combined metrics, summed gradient of each of `variables`).
+def _Pipelines(task: Any) -> List[Any]:
+  return [layer for layer in task.Layers()
+          if hasattr(layer, 'ReplicaDevices') and hasattr(layer, 'cells')]
 
-  fprop(theta_r, slice_r, r) runs replica r's forward and returns its
-  metrics {name: (value, weight)} with 'loss'.
+
+class Mirrors:
+  """Replicas 1 .. R-1's copies of every pipeline's trainable variables.
+
+  Made eagerly (BaseTask.CreateTrainState), each copy on its replica's
+  device of the partition, with the value its variable has then. The
+  copies are not checkpointed: after a restore `Sync` sets them (and the
+  copies' optimizer slots, `SyncSlots`) from replica 0's.
   """
-  slices = SplitBatch(batch, num_replicas, where)
-  per_replica, watched = [], []
-  with tf.GradientTape(watch_accessed_variables=False) as tape:
-    for r, piece in enumerate(slices):
-      theta_r, reads = _ReadAll(theta)
-      mine = [reads.get(id(v)) for v in variables]
-      tape.watch([t for t in mine if t is not None])
-      watched.append(mine)
-      with tf.name_scope(f'replica_{r}'):
-        per_replica.append(fprop(theta_r, piece, r))
-    metrics = CombineMetrics(per_replica)
-  flat = [t for mine in watched for t in mine if t is not None]
-  grads = iter(tape.gradient(metrics.loss[0], flat))
-  per_replica_grads = [[None if t is None else next(grads) for t in mine]
-                       for mine in watched]
-  return metrics, SumGradients(per_replica_grads, variables)
+
+  def __init__(self, task: Any, num_replicas: int):
+    if not tf.executing_eagerly():
+      raise RuntimeError('Mirrors must be made eagerly, before tracing the '
+                         'train step.')
+    self.num_replicas = num_replicas
+    # id(variable) -> [its copy in replica 1, ..., R-1]
+    self._copies: Dict[int, List[tf.Variable]] = {}
+    self._primaries: List[tf.Variable] = []
+    self._paths: Dict[int, str] = {}
+    for layer in _Pipelines(task):
+      k = len(layer.ReplicaDevices(0))
+      for s, cell in enumerate(layer.cells):
+        for path, var in cell.VariablesByPath().items():
+          if not var.trainable:
+            continue
+          copies = []
+          for r in range(1, num_replicas):
+            with tf.device(layer.ReplicaDevices(r)[s % k]):
+              copies.append(tf.Variable(
+                  var.read_value(), trainable=False, dtype=var.dtype,
+                  name=f'{path}/replica_{r}'))
+          self._copies[id(var)] = copies
+          self._primaries.append(var)
+          self._paths[id(var)] = path
+
+  def __contains__(self, var: tf.Variable) -> bool:
+    return id(var) in self._copies
+
+  def Copy(self, var: tf.Variable, replica: int) -> tf.Variable:
+    """`var`'s copy in `replica` (`var` itself for replica 0 or a variable
+    that is not mirrored)."""
+    if replica == 0 or id(var) not in self._copies:
+      return var
+    return self._copies[id(var)][replica - 1]
+
+  def Substitute(self, theta: NestedMap, replica: int) -> NestedMap:
+    """theta with each mirrored variable replaced by replica's copy."""
+    return theta.Transform(
+        lambda v: self.Copy(v, replica) if isinstance(v, tf.Variable) else v)
+
+  def CopiesByPath(self, replica: int) -> Dict[str, tf.Variable]:
+    """{variable path: its copy in `replica` >= 1}."""
+    return {self._paths[id(v)]: self._copies[id(v)][replica - 1]
+            for v in self._primaries}
+
+  def Sync(self) -> None:
+    """Sets every copy to its variable's value (eagerly)."""
+    for var in self._primaries:
+      for copy in self._copies[id(var)]:
+        copy.assign(var.read_value())
+
+  def Unequal(self) -> List[str]:
+    """Paths of variables some copy of which differs in any bit."""
+    bad = []
+    for var in self._primaries:
+      want = var.numpy().tobytes()
+      if any(c.numpy().tobytes() != want for c in self._copies[id(var)]):
+        bad.append(self._paths[id(var)])
+    return bad

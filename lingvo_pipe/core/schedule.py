@@ -9,6 +9,9 @@ An action is one unit of work on one micro-batch:
   B(s, m)  backward: d(stage input) and d(stage variables) of micro-batch m
   W(s, m)  in a table that splits its backwards (zero bubble), B(s, m) makes
            d(stage input) only and W(s, m) d(stage variables)
+  A(s)     with data-parallel replicas, the all-reduce of stage s's
+           gradient over its copies, after the stage's last B (or W) on
+           its device (`WithAllReduce`; written A(s, 0))
 
 `order[d]` lists device d's actions in the order it runs them; the
 pipeline emits them in exactly that order (control dependencies), so a
@@ -47,11 +50,13 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1')
 PHASES = ('F', 'B', 'W')
+ALL_REDUCE = 'A'
 
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Action:
-  """Phase 'F', 'B' or 'W' of micro-batch `micro_batch` on stage `stage`."""
+  """Phase 'F', 'B' or 'W' of micro-batch `micro_batch` on stage `stage`;
+  'A' (micro_batch 0): stage `stage`'s all-reduce."""
   phase: str
   stage: int
   micro_batch: int
@@ -61,7 +66,9 @@ class Action:
 
   @property
   def short(self) -> str:
-    """'F3' / 'B3': the micro-batch only, as pictures label it."""
+    """'F3' / 'B3': the micro-batch only, as pictures label it; 'A'."""
+    if self.phase == ALL_REDUCE:
+      return ALL_REDUCE
     return f'{self.phase}{self.micro_batch}'
 
 
@@ -259,12 +266,36 @@ def Make(name: str, num_devices: int, num_micro_batches: int,
   return table
 
 
+def WithAllReduce(table: Schedule) -> Schedule:
+  """`table` with A(s) right after stage s's last B (W if the table splits
+  its backwards) on its device: the stage's gradient is final there, and
+  its all-reduce over the replicas can run while the device goes on with
+  its other stages' backwards. Stages without a backward in the table
+  (a table of forwards) get none."""
+  last = 'W' if table.split_backward else 'B'
+  order = []
+  for row in table.order:
+    final = {a.stage: i for i, a in enumerate(row) if a.phase == last}
+    after = {i: s for s, i in final.items()}
+    out: List[Action] = []
+    for i, a in enumerate(row):
+      if a.phase == ALL_REDUCE:
+        continue
+      out.append(a)
+      if i in after:
+        out.append(Action(ALL_REDUCE, after[i], 0))
+    order.append(tuple(out))
+  return dataclasses.replace(table, order=tuple(order))
+
+
 # ---- validation ------------------------------------------------------------
 
 
 def Dependencies(action: Action, num_stages: int) -> List[Action]:
   """The actions whose outputs `action` reads."""
   s, m = action.stage, action.micro_batch
+  if action.phase == ALL_REDUCE:
+    return []  # after its stage's backwards on the same device (Validate)
   if action.phase == 'F':
     return [Action('F', s - 1, m)] if s else []
   if action.phase == 'W':
@@ -280,9 +311,10 @@ def Validate(table: Schedule) -> None:
 
   Checks: every stage has a device; each device lists only actions of its
   own stages; every F and B (and W, if the table splits its backwards) of
-  every (stage, micro-batch) appears exactly once; and the table runs to
-  the end, each device in its order, every action after the actions it
-  reads (no deadlock).
+  every (stage, micro-batch) appears exactly once, and an A(s), if any,
+  once per stage after its every backward; and the table runs to the end,
+  each device in its order, every action after the actions it reads (no
+  deadlock).
   """
   where = f"Schedule '{table.name}'"
   num_stages, m_total = table.num_stages, table.num_micro_batches
@@ -291,9 +323,18 @@ def Validate(table: Schedule) -> None:
       raise ValueError(f'{where}: stage {s} is on device {d}, but the table '
                        f'has devices 0..{table.num_devices - 1}.')
   seen = set()
+  last = 'W' if table.split_backward else 'B'
   for d, row in enumerate(table.order):
-    for a in row:
-      if a.phase not in PHASES or not (
+    for i, a in enumerate(row):
+      if a.phase == ALL_REDUCE and a.micro_batch == 0 and (
+          0 <= a.stage < num_stages):
+        early = [b for b in row[i + 1:]
+                 if b.phase == last and b.stage == a.stage]
+        if early:
+          raise ValueError(f'{where}: {a} on device {d} comes before '
+                           f'{early[0]}; the all-reduce goes after the '
+                           "stage's last backward.")
+      elif a.phase not in PHASES or not (
           0 <= a.stage < num_stages and 0 <= a.micro_batch < m_total):
         raise ValueError(f'{where}: device {d} lists {a}, which is not an '
                          f'action of {num_stages} stages and {m_total} '
@@ -387,7 +428,8 @@ def Simulate(table: Schedule, forward_s: Optional[Sequence[float]] = None,
              backward_s: Optional[Sequence[float]] = None,
              overhead_s: float = 0.0,
              hop_s: Optional[Sequence[float]] = None,
-             weight_s: Optional[Sequence[float]] = None) -> Simulation:
+             weight_s: Optional[Sequence[float]] = None,
+             all_reduce_s: Optional[Sequence[float]] = None) -> Simulation:
   """Runs the table: each action starts when its device's previous action
   and the actions it reads are done, and lasts its stage's cost.
 
@@ -395,14 +437,18 @@ def Simulate(table: Schedule, forward_s: Optional[Sequence[float]] = None,
   with split backwards B and W one unit each), plus `overhead_s` per
   action. `hop_s[s]` (one per stage boundary, S-1) delays a dependency
   between stage s and s+1 when they are on different devices: the
-  hand-off of the activation forward and of its gradient back.
+  hand-off of the activation forward and of its gradient back. An A(s)
+  lasts `all_reduce_s[s]` (default 0) and holds no device: its device
+  goes on with its next action (the exchange runs beside it).
   """
   s_total = table.num_stages
   split = table.split_backward
   costs = {'F': _PerStage(forward_s, s_total, 1.0, 'forward_s'),
            'B': _PerStage(backward_s, s_total, 1.0 if split else 2.0,
                           'backward_s'),
-           'W': _PerStage(weight_s, s_total, 1.0, 'weight_s')}
+           'W': _PerStage(weight_s, s_total, 1.0, 'weight_s'),
+           ALL_REDUCE: _PerStage(all_reduce_s, s_total, 0.0,
+                                 'all_reduce_s')}
   hops = list(hop_s) if hop_s is not None else [0.0] * max(s_total - 1, 0)
   if len(hops) != max(s_total - 1, 0):
     raise ValueError(f'hop_s has {len(hops)} entries for {s_total} stages; '
@@ -418,6 +464,9 @@ def Simulate(table: Schedule, forward_s: Optional[Sequence[float]] = None,
       if devs[dep.stage] != d:
         delay = hops[min(dep.stage, a.stage)]
       ready = max(ready, times[dep][1] + delay)
+    if a.phase == ALL_REDUCE:
+      times[a] = (ready, ready + costs[a.phase][a.stage])
+      continue
     cost = costs[a.phase][a.stage] + overhead_s
     times[a] = (ready, ready + cost)
     free[d] = ready + cost

@@ -128,7 +128,7 @@ class StepTrace:
     stage_devices: Dict[int, int] = {}
     order: List[List[schedule.Action]] = [[] for _ in devs]
     for t in mine:
-      if t.device in devs:
+      if t.device in devs and t.phase != schedule.ALL_REDUCE:
         d = devs.index(t.device)
         stage_devices.setdefault(t.partition, d)
         order[d].append(t.action)
@@ -162,12 +162,24 @@ class StepTrace:
     return min(t.start for t in mine), max(t.end for t in mine)
 
   def BusyFractions(self, layer: str) -> List[float]:
-    """Per device (as Devices): time in its tasks / the layer's span."""
+    """Per device (as Devices): time in its tasks / the layer's span
+    (an all-reduce is not the device's work: it runs beside it)."""
     begin, end = self.Span(layer)
     busy = {d: 0.0 for d in self.Devices(layer)}
     for t in self._Mine(layer):
-      busy[t.device] += t.end - t.start
+      if t.phase != schedule.ALL_REDUCE:
+        busy[t.device] += t.end - t.start
     return [b / max(end - begin, 1e-12) for b in busy.values()]
+
+  def ExposedAllReduce(self, layer: str) -> List[float]:
+    """Per device (as Devices): seconds its all-reduces ran after the
+    backward before them ended (the exchange the backward did not hide);
+    0 without replicas."""
+    exposed = {d: 0.0 for d in self.Devices(layer)}
+    for t in self._Mine(layer):
+      if t.phase == schedule.ALL_REDUCE:
+        exposed[t.device] += t.end - t.start
+    return list(exposed.values())
 
   def Bubble(self, layer: str) -> float:
     """Measured idle fraction: 1 - mean busy fraction of its devices."""
@@ -219,7 +231,8 @@ class StepTrace:
               'micro_batch': t.micro_batch}
       events.append({
           'ph': 'X', 'name': timeline.Label(t.action, multi[t.layer]),
-          'cat': {'F': 'forward', 'B': 'backward', 'W': 'weight'}[t.phase],
+          'cat': {'F': 'forward', 'B': 'backward', 'W': 'weight',
+                  'A': 'all-reduce'}[t.phase],
           'pid': pid, 'tid': 0, 'ts': t.start * 1e6,
           'dur': (t.end - t.start) * 1e6, 'args': args})
       if t.recomputed is not None:

@@ -26,7 +26,8 @@ from lingvo_pipe.core import schedule
 _UNIT_W, _CELL_H, _LEFT, _TOP = 36, 26, 190, 48
 # Forward blue, backward orange, weight gradient (zero bubble's W) green;
 # step_trace's measured picture uses them too.
-PHASE_COLORS = {'F': '#4a90d9', 'B': '#e8913a', 'W': '#5aa05a'}
+PHASE_COLORS = {'F': '#4a90d9', 'B': '#e8913a', 'W': '#5aa05a',
+                'A': '#9b6bc4'}
 IDLE_COLOR = '#eeeeee'
 
 

@@ -2,7 +2,8 @@
 
 A task with a layer before the pipeline (a projection) and one after it
 whose variable the loss head reads, so the gradient crosses both ends of
-the pipeline in one pass. For each schedule, R and K: the loss and every
+the pipeline in one pass. For each schedule, R and K (each replica
+running M / R micro-batches, its own copy of the pipeline): the loss and every
 variable's gradient equal those of the same task trained through FProp
 (GPipe's order, whole-batch loss) within 1e-12 in float64, dropout and
 BatchNorm on; TrainStep gives the same variables after two steps.
@@ -31,7 +32,7 @@ class OnePassTask(replica_task.ReplicaTask):
   @classmethod
   def Params(cls):
     p = super().Params()
-    p.Define('one_pass', True, 'Define OnePassTraining (else FProp only).')
+    p.one_pass = True
     return p
 
   def __init__(self, params):
@@ -91,7 +92,7 @@ class OnePassTaskTest(tf.test.TestCase, parameterized.TestCase):
   def testGradientsEqualFProp(self, schedule, k, v, replicas):
     batch = replica_task.Batch()
     loss, grads = replica_task.Gradients(
-        _Task(k, 2, replicas, schedule, v), batch)
+        _Task(k, 2 * replicas, replicas, schedule, v), batch)
     ref_loss, ref_grads = replica_task.Gradients(
         _Task(1, 2 * replicas, one_pass=False), batch)
     self.assertLen(grads, 4 * 4 + 4)  # blocks, and pre's and post's w, b

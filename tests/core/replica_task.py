@@ -64,6 +64,8 @@ class ReplicaTask(base_model.BaseTask):
     p.train.optimizer = optimizer.SGD.Params()
     p.train.learning_rate = 0.5
     p.Define('pipe', None, 'PipeliningLayer params (see TaskParams).')
+    p.Define('one_pass', False,
+             'Train in one pass (OnePassTraining) instead of through FProp.')
     return p
 
   def __init__(self, params):
@@ -75,6 +77,21 @@ class ReplicaTask(base_model.BaseTask):
         x=input_batch.x, example_keys=input_batch.example_keys))
     return NestedMap(y=out.x)
 
+  def OnePassTraining(self, theta, input_batch):
+    if not self.params.one_pass:
+      return None
+
+    def Head(unused_head_theta, out, batch):
+      return self.ComputeLoss(None, NestedMap(y=out.x), batch)[0]
+
+    return base_model.OnePass(
+        network=self.pipe, theta=theta.pipe,
+        inputs=NestedMap(x=input_batch.x,
+                         example_keys=input_batch.example_keys),
+        head=Head, head_theta=NestedMap(),
+        head_batch=NestedMap(y=input_batch.y),
+        loss_weight=tf.cast(tf.shape(input_batch.x)[0], tf.float64))
+
   def ComputeLoss(self, theta, predictions, input_batch):
     err = predictions.y - input_batch.y
     per_example = 0.5 * tf.reduce_sum(tf.square(err), axis=-1)
@@ -84,8 +101,10 @@ class ReplicaTask(base_model.BaseTask):
 
 
 def TaskParams(partitions, micro_batches, replicas=1, devices=None,
-               batch_norm=True, keep_prob=0.7, num_blocks=4):
-  """ReplicaTask params: `num_blocks` blocks over `partitions` cells."""
+               batch_norm=True, keep_prob=0.7, num_blocks=4, schedule='gpipe',
+               one_pass=False, recompute='always'):
+  """ReplicaTask params: `num_blocks` blocks over `partitions` cells,
+  `micro_batches` (M, over every replica) micro-batches."""
   blocks = [Block.Params().Set(name=f'b{i}', batch_norm=batch_norm,
                                keep_prob=keep_prob)
             for i in range(num_blocks)]
@@ -96,8 +115,9 @@ def TaskParams(partitions, micro_batches, replicas=1, devices=None,
   p = ReplicaTask.Params().Set(name='task')
   p.pipe = gpipe.PipeliningLayer.Params().Set(
       name='pipe', cell_tpl=cells, num_micro_batches=micro_batches,
-      devices=devices)
+      devices=devices, schedule=schedule, recompute=recompute)
   p.train.num_replicas = replicas
+  p.one_pass = one_pass
   return p
 
 

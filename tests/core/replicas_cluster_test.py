@@ -1,12 +1,16 @@
-"""Replicas x partitions on four tf.distribute.Server processes (127.0.0.1).
+"""Mirrored replicas x partitions on four tf.distribute.Server processes.
 
-For (R, K) in (2, 1), (1, 2), (2, 2), a client places replica r's
-partition k on worker task r * K + k and checks against one replica with
-the whole batch and R x M micro-batches on its own CPU (float64, dropout
-and BatchNorm on): loss and every gradient within 1e-12, then one
-training step each and every variable (BatchNorm's moving averages
-included) within 1e-12. Servers and client are subprocesses: connecting
-to a cluster changes the whole process.
+For (R, K) in (2, 1), (1, 2), (2, 2) through FProp, and (2, 2) with 1F1B
+in one pass, a client places replica r's partition k (and its copy of
+that partition's variables) on worker task r * K + k, each replica
+running M / R micro-batches, and checks against one replica with the
+whole batch and M micro-batches on its own CPU (float64, dropout and
+BatchNorm on): loss and every gradient within 1e-12, then three training
+steps each and every variable (BatchNorm's moving averages included)
+within 1e-12, every copy bitwise equal to replica 0's. The gradients of
+the copies are summed by TF's collective ops over gRPC. Servers and
+client are subprocesses: connecting to a cluster changes the whole
+process.
 """
 
 import json
@@ -29,24 +33,36 @@ local = '/device:CPU:0'  # the client's own CPU, as the runtime lists it
 batch = replica_task.Batch()
 report = {}
 refs = {}  # (loss, gradients, values after one step) by micro-batches
-for replicas, partitions in ((2, 1), (1, 2), (2, 2)):
-  micro = 2
-  p = replica_task.TaskParams(partitions, micro, replicas)
+for replicas, partitions, schedule in ((2, 1, 'gpipe'), (1, 2, 'gpipe'),
+                                       (2, 2, 'gpipe'), (2, 2, '1f1b')):
+  micro = 4  # M over every replica: M / R each
+  one_pass = schedule != 'gpipe'
+  p = replica_task.TaskParams(partitions, micro, replicas, schedule=schedule,
+                              one_pass=one_pass)
   base_model.PlacePipelines(p, names)
   task = p.Instantiate()
   task.CreateTrainState()
   loss, grads = replica_task.Gradients(task, batch)
-  tf.function(task.TrainStep, autograph=False)(batch)
-  if micro * replicas not in refs:  # 2x1 and 2x2 share theirs
+  step = tf.function(task.TrainStep, autograph=False)
+  for _ in range(3):
+    step(batch)
+  if one_pass not in refs:
     with tf.device(local):
-      ref = replica_task.TaskParams(1, micro * replicas, 1,
-                                    devices=[local]).Instantiate()
+      ref = replica_task.TaskParams(1, micro, 1, devices=[local],
+                                    one_pass=one_pass).Instantiate()
       ref.CreateTrainState()
     ref_loss, ref_grads = replica_task.Gradients(ref, batch)
-    tf.function(ref.TrainStep, autograph=False)(batch)
-    refs[micro * replicas] = (ref_loss, ref_grads, replica_task.Values(ref))
-  ref_loss, ref_grads, ref_values = refs[micro * replicas]
-  report[f'{replicas}x{partitions}'] = dict(
+    ref_step = tf.function(ref.TrainStep, autograph=False)
+    for _ in range(3):
+      ref_step(batch)
+    refs[one_pass] = (ref_loss, ref_grads, replica_task.Values(ref))
+  ref_loss, ref_grads, ref_values = refs[one_pass]
+  mirrors = task.train_state.mirrors
+  report[f'{replicas}x{partitions}x{schedule}'] = dict(
+      unequal=mirrors.Unequal() if mirrors else [],
+      copy_tasks=sorted({tf.DeviceSpec.from_string(v.device).task
+                         for v in (mirrors.CopiesByPath(1).values()
+                                   if mirrors else [])}),
       loss=abs(loss - ref_loss), grads=replica_task.Worst(grads, ref_grads),
       num_grads=len(grads),
       values=replica_task.Worst(replica_task.Values(task), ref_values),
@@ -75,9 +91,14 @@ class ReplicasClusterTest(absltest.TestCase):
         env=self._env, capture_output=True, text=True, timeout=400)
     self.assertEqual(client.returncode, 0, client.stderr[-3000:])
     report = json.loads(client.stdout.split('report', 1)[1])
-    self.assertEqual(sorted(report), ['1x2', '2x1', '2x2'])
+    self.assertEqual(sorted(report), ['1x2xgpipe', '2x1xgpipe', '2x2x1f1b',
+                                      '2x2xgpipe'])
     for name, got in report.items():
-      replicas, partitions = map(int, name.split('x'))
+      replicas, partitions = map(int, name.split('x')[:2])
+      self.assertEqual(got['unequal'], [], name)
+      self.assertEqual(got['copy_tasks'],
+                       list(range(partitions, 2 * partitions))
+                       if replicas == 2 else [], name)
       self.assertEqual(got['num_grads'], 16, name)
       self.assertLess(got['loss'], 1e-12, name)
       self.assertLess(got['grads'], 1e-12, name)

@@ -1,11 +1,17 @@
-"""Data parallelism across pipeline replicas on four logical CPUs.
+"""Data parallelism across mirrored pipeline replicas on four logical CPUs.
 
-R replicas x K partitions x M micro-batches must train as one replica with
-the whole batch and R x M micro-batches (the same micro-batch size, so
-BatchNorm normalises the same rows): loss and every variable's gradient
-within 1e-12 in float64, dropout on; BatchNorm's moving averages those of
-the whole batch. The same on real servers: replicas_cluster_test.py.
+R replicas x K partitions, each replica running M / R micro-batches, must
+train as one replica with the whole batch and M micro-batches (the same
+micro-batch size, so BatchNorm normalises the same rows): loss and every
+variable's gradient within 1e-12 in float64, dropout on, through FProp and
+in one pass, for every schedule; BatchNorm's moving averages those of the
+whole batch; every replica's copy of the pipeline's variables bitwise
+equal to replica 0's after each step and after a restore. The same on
+real servers: replicas_cluster_test.py.
 """
+
+import os
+import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -17,6 +23,8 @@ from lingvo_pipe.core import devices
 devices.SplitCpu(4)
 
 from lingvo_pipe.core import base_model  # noqa: E402
+from lingvo_pipe.core import checkpointer  # noqa: E402
+from lingvo_pipe.core import optimizer  # noqa: E402
 from lingvo_pipe.core import replicas  # noqa: E402
 from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
 from tests.core import replica_task  # noqa: E402
@@ -28,10 +36,13 @@ def _Cpus(n):
   return [f'/device:CPU:{i}' for i in range(n)]
 
 
-def _Task(partitions, micro, num_replicas, **kwargs):
+def _Task(partitions, micro, num_replicas, adam=False, **kwargs):
   p = replica_task.TaskParams(partitions, micro, num_replicas,
                               devices=_Cpus(partitions * num_replicas),
                               **kwargs)
+  if adam:
+    p.train.optimizer = optimizer.Adam.Params()
+    p.train.learning_rate = 0.05
   task = p.Instantiate()
   task.CreateTrainState()
   return task
@@ -39,15 +50,19 @@ def _Task(partitions, micro, num_replicas, **kwargs):
 
 class ReplicasTest(tf.test.TestCase, parameterized.TestCase):
 
-  @parameterized.parameters((2, 1), (1, 2), (2, 2), (4, 1))
-  def testGradientsEqualOneReplicaWithTheWholeBatch(self, num_replicas,
-                                                    partitions):
+  @parameterized.parameters(
+      (2, 1, 'gpipe', False, 'always'), (2, 2, 'gpipe', False, 'always'),
+      (4, 1, 'gpipe', False, 'always'), (2, 1, 'gpipe', True, 'always'),
+      (2, 2, '1f1b', True, 'always'), (2, 2, 'gpipe', True, 'never'),
+      (4, 1, '1f1b', True, 'except_last'))
+  def testGradientsEqualOneReplicaWithTheWholeBatch(
+      self, num_replicas, partitions, schedule, one_pass, recompute):
     batch = replica_task.Batch()
-    micro = 2
+    micro = 4
     loss, grads = replica_task.Gradients(
-        _Task(partitions, micro, num_replicas), batch)
-    ref_loss, ref_grads = replica_task.Gradients(
-        _Task(1, micro * num_replicas, 1), batch)
+        _Task(partitions, micro, num_replicas, schedule=schedule,
+              one_pass=one_pass, recompute=recompute), batch)
+    ref_loss, ref_grads = replica_task.Gradients(_Task(1, micro, 1), batch)
     self.assertLen(grads, 16)  # 4 blocks: w, b, gamma, beta
     self.assertAllClose(loss, ref_loss, atol=_TOL, rtol=0)
     self.assertLess(replica_task.Worst(grads, ref_grads), _TOL)
@@ -59,16 +74,21 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase):
     for i in (0, 1):
       half = tf.nest.map_structure(lambda t, i=i: t[i * 4:(i + 1) * 4],
                                    batch)
-      half_loss, _ = replica_task.Gradients(_Task(1, 2, 1), half)
+      half_loss, _ = replica_task.Gradients(_Task(1, 1, 1), half)
       self.assertGreater(abs(half_loss - loss), 1e-6)
 
-  def testTrainStepMatchesOneReplicaWithBatchNormStatistics(self):
+  @parameterized.parameters(False, True)
+  def testTrainStepsMatchOneReplicaAndKeepTheCopiesEqual(self, one_pass):
     batch = replica_task.Batch()
-    tasks = [_Task(2, 2, 2), _Task(1, 4, 1)]
+    tasks = [_Task(2, 4, 2, adam=True, one_pass=one_pass),
+             _Task(1, 4, 1, adam=True, one_pass=one_pass)]
     outs = []
     for task in tasks:
       step = tf.function(task.TrainStep, autograph=False)
-      outs.append([step(batch) for _ in range(2)])
+      outs.append([step(batch) for _ in range(3)])
+      mirrors = task.train_state.mirrors
+      if mirrors is not None:  # bitwise, after every step's update
+        self.assertEqual(mirrors.Unequal(), [])
     for a, b in zip(*outs):
       self.assertAllClose(a.loss, b.loss, atol=_TOL, rtol=0)
       self.assertAllClose(a.grad_norm, b.grad_norm, atol=_TOL, rtol=0)
@@ -94,19 +114,56 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(moving.numpy(), 0.5 * rows.mean(axis=0),
                         atol=_TOL, rtol=0)
 
-  def testReplicaOpsRunOnTheReplicasDevices(self):
-    task = _Task(2, 2, 2)
+  def testEachReplicaRunsOnItsDevicesWithItsCopies(self):
+    task = _Task(2, 4, 2)
     graph = tf.function(task.Gradients, autograph=False).get_concrete_function(
         replica_task.Batch()).graph
-    calls = {}
+    calls, reduces = {}, set()
     for op in graph.get_operations():
+      index = tf.DeviceSpec.from_string(op.device or '/device:CPU:0')
       if op.type.endswith('PartitionedCall') and '/fwd_' in op.name:
-        calls.setdefault(op.name.split('/')[0], set()).add(
-            tf.DeviceSpec.from_string(op.device).device_index)
+        calls.setdefault(op.name.split('/')[0][:len('replica_0')], set()).add(
+            index.device_index)
+      if op.type == 'CollectiveReduce':
+        reduces.add(index.device_index)
     self.assertEqual(calls, {'replica_0': {0, 1}, 'replica_1': {2, 3}})
-    for var in task.vars.Flatten():  # one copy, on replica 0's devices
+    self.assertEqual(reduces, {0, 1, 2, 3})  # each stage on each replica
+    for var in task.vars.Flatten():  # the checkpoint's: replica 0's
       self.assertIn(tf.DeviceSpec.from_string(var.device).device_index,
                     (0, 1))
+    copies = task.train_state.mirrors.CopiesByPath(1)
+    self.assertLen(copies, 16)
+    for path, copy in copies.items():
+      want = 2 if path.split('/')[2] in ('b0', 'b1') else 3  # K=2 cells
+      self.assertEqual(tf.DeviceSpec.from_string(copy.device).device_index,
+                       want, path)
+
+  def testRestoreSetsEveryCopy(self):
+    batch = replica_task.Batch()
+    trained = _Task(2, 4, 2, adam=True)
+    step = tf.function(trained.TrainStep, autograph=False)
+    for _ in range(2):
+      step(batch)
+    folder = tempfile.mkdtemp(dir=self.get_temp_dir())
+    checkpointer.Checkpointer(folder, trained.VariablesToCheckpoint()).Save(2)
+    fresh = _Task(2, 4, 2, adam=True)
+    ckpt = checkpointer.Checkpointer(folder, fresh.VariablesToCheckpoint())
+    self.assertTrue(os.path.basename(ckpt.RestoreLatest() or ''))
+    # The checkpoint holds replica 0's variables only ...
+    self.assertLen(fresh.train_state.mirrors.Unequal(), 16)
+    fresh.SyncMirrors()  # ... and every copy is set from them
+    self.assertEqual(fresh.train_state.mirrors.Unequal(), [])
+    for path, copy in fresh.train_state.mirrors.CopiesByPath(1).items():
+      self.assertEqual(copy.numpy().tobytes(),
+                       trained.VariablesByPath()[path].numpy().tobytes())
+    slots = fresh.train_state.optimizer.SlotVariables()
+    for name, var in fresh.train_state.mirror_optimizers[0].SlotVariables(
+    ).items():
+      self.assertEqual(var.numpy().tobytes(), slots[name].numpy().tobytes())
+    # Both go on exactly as the run that was not interrupted.
+    out = tf.function(fresh.TrainStep, autograph=False)(batch)
+    self.assertEqual(float(out.loss), float(step(batch).loss))
+    self.assertEqual(fresh.train_state.mirrors.Unequal(), [])
 
   def testErrors(self):
     task = _Task(1, 2, 2)
@@ -119,22 +176,32 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r'replica 2 needs devices 2..2 '
                                 r'\(K=1 per replica\) but 2 are known'):
       task.pipe.ReplicaDevices(2)
+    odd = _Task(1, 3, 2)
+    with self.assertRaisesRegex(
+        ValueError, r"'task/pipe': num_micro_batches=3 does not split over "
+        r'num_replicas=2 \(each replica runs M / R of them\); use a '
+        'multiple of 2'):
+      tf.function(odd.Gradients, autograph=False)(replica_task.Batch())
     p = replica_task.TaskParams(1, 1, 3)
     p.train.num_replicas = 0
     with self.assertRaisesRegex(ValueError, 'num_replicas=0 must be an '
                                 'integer >= 1'):
       p.Instantiate()
+    unstarted = replica_task.TaskParams(1, 2, 2, devices=_Cpus(2)).Instantiate()
+    with self.assertRaisesRegex(RuntimeError, 'call CreateTrainState'):
+      tf.function(unstarted.Gradients, autograph=False)(replica_task.Batch())
 
   def testNumDevicesNeededCountsReplicas(self):
     p = replica_task.TaskParams(2, 2, 3)
     self.assertEqual(base_model.NumDevicesNeeded(p), 6)
     self.assertEqual(base_model.NumReplicas(p), 3)
 
-  def testCombineMetricsWeighsByWeight(self):
-    out = replicas.CombineMetrics([
-        {'loss': (tf.constant(1.0), tf.constant(1.0))},
-        {'loss': (tf.constant(4.0), tf.constant(3.0))}])
-    self.assertAllClose(out.loss, (13.0 / 4.0, 4.0))
+  def testCombineMetricsWeighsByWeightOrSums(self):
+    per = [{'loss': (tf.constant(1.0), tf.constant(1.0))},
+           {'loss': (tf.constant(4.0), tf.constant(3.0))}]
+    self.assertAllClose(replicas.CombineMetrics(per).loss, (13.0 / 4.0, 4.0))
+    self.assertAllClose(replicas.CombineMetrics(per, summed=['loss']).loss,
+                        (5.0, 4.0))
 
 
 if __name__ == '__main__':

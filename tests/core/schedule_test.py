@@ -203,6 +203,46 @@ class ValidateTest(parameterized.TestCase):
       make()
 
 
+class AllReduceTest(absltest.TestCase):
+  """A(s), the all-reduce of stage s over its replicas' copies."""
+
+  def testAfterEachStagesLastBackward(self):
+    self.assertEqual(
+        schedule.WithAllReduce(schedule.OneFOneB(2, 3)).order,
+        _Rows('F0.0 F0.1 B0.0 F0.2 B0.1 B0.2 A0.0',
+              'F1.0 B1.0 F1.1 B1.1 F1.2 B1.2 A1.0'))
+    # V=2: device 0's stage 2 ends before its stage 0, whose backwards
+    # go on while A2 runs.
+    self.assertEqual(
+        schedule.WithAllReduce(schedule.GPipe(1, 2, 2)).order,
+        _Rows('F0.0 F0.1 F1.0 F1.1 B1.1 B1.0 A1.0 B0.1 B0.0 A0.0'))
+    self.assertEqual(
+        schedule.WithAllReduce(schedule.ZeroBubbleH1(2, 2)).order,
+        _Rows('F0.0 F0.1 B0.0 W0.0 B0.1 W0.1 A0.0',
+              'F1.0 B1.0 F1.1 B1.1 W1.0 W1.1 A1.0'))
+    schedule.Validate(schedule.WithAllReduce(schedule.OneFOneB(3, 4)))
+    forwards = schedule.GPipe(2, 2).Only('F')
+    self.assertEqual(schedule.WithAllReduce(forwards), forwards)
+
+  def testAnAllReduceBeforeItsStagesBackwardIsRefused(self):
+    with self.assertRaisesRegex(
+        ValueError, r"^Schedule 'hand': A\(stage 0, micro-batch 0\) on "
+        r'device 0 comes before B\(stage 0, micro-batch 1\); the all-reduce '
+        r"goes after the stage's last backward\.$"):
+      schedule.Validate(_Table(2, (0,), 'F0.0 F0.1 B0.0 A0.0 B0.1'))
+
+  def testTheExchangeHoldsNoDevice(self):
+    table = schedule.WithAllReduce(schedule.GPipe(1, 2, 2))
+    plain = schedule.Simulate(schedule.GPipe(1, 2, 2))
+    sim = schedule.Simulate(table, all_reduce_s=[5.0, 5.0])
+    # B0.1 starts as B1.0 ends, while A1 runs; A0 ends the step.
+    self.assertEqual(sim.times[A('B', 0, 1)], plain.times[A('B', 0, 1)])
+    self.assertEqual(sim.times[A('A', 1, 0)], (8.0, 13.0))
+    self.assertEqual(sim.step, plain.step + 5.0)
+    self.assertEqual(sim.busy, plain.busy)
+    self.assertEqual(A('A', 1, 0).short, 'A')
+
+
 class SimulateTest(absltest.TestCase):
 
   def testBubbleStepAndPeaks(self):

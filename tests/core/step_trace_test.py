@@ -247,7 +247,7 @@ class StepTraceTest(parameterized.TestCase):
 
   def testATaskStepWithTwoReplicas(self):
     p = replica_task.TaskParams(
-        2, 2, replicas=2, devices=devices.LogicalDevices('CPU')[:4])
+        2, 4, replicas=2, devices=devices.LogicalDevices('CPU')[:4])
     task = p.Instantiate()
     task.CreateTrainState()
     trace = step_trace.MeasureStep(task, replica_task.Batch(16), warmup=1)
@@ -261,11 +261,17 @@ class StepTraceTest(parameterized.TestCase):
     for r in range(2):
       devs = task.pipe.ReplicaDevices(r)
       mine = [t for t in trace.tasks if t.device in devs]
-      self.assertCountEqual([t.action for t in mine],
-                            schedule.Make('gpipe', 2, 2).Actions())
+      # Each replica ran M / R = 2 micro-batches, and each stage's
+      # all-reduce after its last backward.
+      self.assertCountEqual(
+          [t.action for t in mine],
+          schedule.WithAllReduce(schedule.Make('gpipe', 2, 2)).Actions())
       for t in mine:
         self.assertEqual(t.device, devs[t.partition])
     self.assertEqual(trace.Table('task/pipe'), schedule.Make('gpipe', 2, 2))
+    exposed = trace.ExposedAllReduce('task/pipe')
+    self.assertLen(exposed, 4)
+    self.assertTrue(all(0 <= e < 1 for e in exposed), exposed)
     self.assertEqual(int(task._State('x').global_step.numpy()), 0)  # pylint: disable=protected-access
 
   def testMeasuresWithOpDeterminismOnAndLeavesItOn(self):
