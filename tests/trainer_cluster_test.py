@@ -3,8 +3,9 @@
 `--run_locally=processes` starts and always stops its workers; against a
 cluster the trainer names an unreachable worker, refuses too few tasks or
 a server of another cluster before training, and stops within 60 s with
-one line when a worker is killed or frozen mid-run, keeping the last
-checkpoint, from which a restarted run resumes with no step lost.
+one line when a worker is killed or frozen mid-run (also one whose
+all-reduce peer it is, with replicas), keeping the last checkpoint, from
+which a restarted run resumes with no step lost.
 """
 
 import glob
@@ -23,6 +24,12 @@ from lingvo_pipe.core import local_workers
 from tests import trainer_testlib
 
 _Scalars = trainer_testlib.Scalars
+
+
+def _Spans(trace):
+  """Every span of a --pipeline_trace JSON."""
+  with open(trace + '.json') as f:
+    return [e for e in json.load(f)['traceEvents'] if e['ph'] == 'X']
 
 
 def _StartedSpec(stdout, num):
@@ -65,7 +72,9 @@ class TrainerClusterTest(trainer_testlib.TrainerTestBase):
     with open(trace + '.json') as f:
       spans = [e for e in json.load(f)['traceEvents'] if e['ph'] == 'X'
                and e['cat'] in ('forward', 'backward')]
-    self.assertLen(spans, 2 * 2 * 2 * 4)  # R x K x (F, B) x M
+    self.assertLen(spans, 2 * 2 * 2 * 2)  # R x K x (F, B) x M / R
+    reduces = [e for e in _Spans(trace) if e['cat'] == 'all-reduce']
+    self.assertLen(reduces, 2 * 2)  # R x K: each partition's, each replica
     clocks = re.search(r'^clocks: (.*)$', result.stdout, re.M).group(1)
     for task in range(4):
       self.assertRegex(clocks, rf'/job:worker/replica:0/task:{task}: offset '
@@ -163,6 +172,40 @@ class TrainerClusterTest(trainer_testlib.TrainerTestBase):
         rf'^error: Worker task 1 at {workers.addresses[1]} went away \(no '
         r'gRPC answer within 2 s\); training stopped and the last checkpoint '
         r'is \S+/ckpt-\d+\.')
+
+  def _StopAPeerOfTheAllReduce(self, sig):
+    """R=2 K=2 on four workers; task 3 (replica 1's partition 1) stops:
+    replica 0's all-reduce of partition 1 waits on it."""
+    logdir = self.create_tempdir().full_path
+    workers = local_workers.LocalWorkers(4, os.path.join(logdir, 'workers'))
+    self.addCleanup(workers.Stop)
+    workers.Start()
+    proc = subprocess.Popen(
+        self._Command(logdir, f'--cluster_spec={workers.spec}',
+                      '--num_replicas=2',
+                      '--model_params_override=task.train.max_steps : 5000'),
+        env=self._Env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    self._WaitForCheckpoint(proc, logdir, 20)
+    os.kill(workers.pids[3], sig)
+    if sig == signal.SIGSTOP:
+      self.addCleanup(os.kill, workers.pids[3], signal.SIGCONT)
+    stopped = time.time()
+    _, err = proc.communicate(timeout=90)
+    self.assertLess(time.time() - stopped, 60)
+    self.assertEqual(proc.returncode, 1, err[-3000:])
+    self.assertNotIn('Traceback', err)
+    self.assertEqual(err.strip().count('\n'), 0, err[-3000:])
+    self.assertRegex(
+        err.strip().splitlines()[-1],
+        rf'^error: Worker task 3 at {workers.addresses[3]} went away \(.+\); '
+        r'training stopped and the last checkpoint is \S+/ckpt-\d+\.')
+
+  def testKilledPeerOfAnAllReduceStopsTheTrainer(self):
+    self._StopAPeerOfTheAllReduce(signal.SIGKILL)
+
+  def testFrozenPeerOfAnAllReduceStopsTheTrainer(self):
+    self._StopAPeerOfTheAllReduce(signal.SIGSTOP)
 
   def testUnreachableWorkersAreNamed(self):
     ports = local_workers.FreePorts(2)

@@ -145,8 +145,9 @@ class PipeliningLayer(base_layer.BaseLayer):
     p.Define('devices', None,
              'Device of each of the K = S / num_virtual_stages pipeline '
              'devices: replica r (data parallelism, BaseTask '
-             'train.num_replicas) runs stage s on devices[r * K + s mod K], '
-             "and the variables live on replica 0's. None: "
+             'train.num_replicas) runs stage s on devices[r * K + s mod K] '
+             "with its own copy of the stage's variables (replica 0's are "
+             "the layer's, the ones checkpointed). None: "
              'devices.DefaultDevices().')
     p.Define('recompute', 'always', f'One of {RECOMPUTE_MODES}.')
     p.Define('schedule', 'gpipe',

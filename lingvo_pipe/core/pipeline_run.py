@@ -220,8 +220,9 @@ class PipelineRun:
     self._backward_0_no_dx: Optional[Callable[..., Any]] = None
     self._input_gradient_fn: Optional[Callable[..., Any]] = None
     self._split_cells = {
-        s: residuals.SplitCell(f'cell_{s}', self._ForwardFn(s),
-                               lambda fn, d=d: _OnDevice(fn, d))
+        s: residuals.SplitCell(
+            f'cell_{s}', self._ForwardFn(s), lambda fn, d=d: _OnDevice(fn, d),
+            lambda fn, d=d: _OnDevice(fn, d, inline=True))
         for s, d in enumerate(self._devices)
         if layer.KeepsActivations(s)}
     # Tables that split backwards (W actions): each stage's B and W, and
@@ -374,8 +375,9 @@ class PipelineRun:
     acc = self._Zeros(s)
     if s in self._split_cells:
       y, kept = self._kept.pop((s, m))
-      dx, sums = self._split_cells[s].Backward(theta_leaves, x, kept, dy, y,
-                                               acc)
+      dx, sums = self._split_cells[s].Backward(
+          theta_leaves, x, kept, dy, y, acc,
+          inline=self._last_backward.get(s) == m)
       self._acc[s] = list(sums)
       return list(dx), list(sums), None
     # Re-computation starts once this device's previous action is done AND
