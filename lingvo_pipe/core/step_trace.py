@@ -174,11 +174,12 @@ class StepTrace:
   def ExposedAllReduce(self, layer: str) -> List[float]:
     """Per device (as Devices): seconds its all-reduces ran after the
     backward before them ended (the exchange the backward did not hide);
-    0 without replicas."""
+    0 without replicas, or when the sums were in before the backward's
+    end was stamped."""
     exposed = {d: 0.0 for d in self.Devices(layer)}
     for t in self._Mine(layer):
       if t.phase == schedule.ALL_REDUCE:
-        exposed[t.device] += t.end - t.start
+        exposed[t.device] += max(0.0, t.end - t.start)
     return list(exposed.values())
 
   def Bubble(self, layer: str) -> float:

@@ -119,7 +119,7 @@ def FromRegistry(name: str, override_text: str = '') -> ModelPipeline:
       name=name, layers=FlattenCells(pipe_p.cell_tpl),
       batch_size=batch, num_partitions=len(pipe_p.cell_tpl),
       num_micro_batches=batch // micro if micro else
-      pipe_p.num_micro_batches,
+      pipe_p.num_micro_batches // replicas,  # each replica runs M / R
       recompute=pipe_p.recompute, micro_batch_shapes=shapes_fn(),
       batch_dim=pipe_p.batch_dim, optimizer=p.task.train.optimizer,
       input_gradient=bool(getattr(model, 'PIPELINE_INPUT_GRADIENT', True)))
