@@ -159,21 +159,18 @@ def _Times(steps: Dict[str, object], batch, pids: List[int],
            rounds: int) -> Dict[str, dict]:
   out = {label: {'times': [], 'worker_cpu': [0.0] * len(pids),
                  'client_cpu': 0.0} for label in steps}
-  labels = list(steps)
-  for r in range(rounds):
-    for i in range(len(labels)):
-      label = labels[(r + i) % len(labels)]
-      record = out[label]
-      cpu_before = [throughput.CpuSeconds(pid) for pid in pids]
-      client_before = time.process_time()
-      begin = time.perf_counter()
-      steps[label](batch).loss.numpy()
-      record['times'].append(time.perf_counter() - begin)
-      record['client_cpu'] += (time.process_time() - client_before) / rounds
-      record['worker_cpu'] = [
-          total + (throughput.CpuSeconds(pid) - before) / rounds
-          for total, pid, before in zip(record['worker_cpu'], pids,
-                                        cpu_before)]
+  for label in stack_lib.Rotations(list(steps), rounds):
+    record = out[label]
+    cpu_before = [throughput.CpuSeconds(pid) for pid in pids]
+    client_before = time.process_time()
+    begin = time.perf_counter()
+    steps[label](batch).loss.numpy()
+    record['times'].append(time.perf_counter() - begin)
+    record['client_cpu'] += (time.process_time() - client_before) / rounds
+    record['worker_cpu'] = [
+        total + (throughput.CpuSeconds(pid) - before) / rounds
+        for total, pid, before in zip(record['worker_cpu'], pids,
+                                      cpu_before)]
   return out
 
 

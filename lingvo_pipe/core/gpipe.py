@@ -196,7 +196,12 @@ class PipeliningLayer(base_layer.BaseLayer):
   @property
   def stage_devices(self) -> List[str]:
     """The device of each stage in the current replica."""
-    devices = self.devices
+    return self.StageDevices(self.replica)
+
+  def StageDevices(self, replica: int) -> List[str]:
+    """The device of each stage in replica `replica` (stage s on its
+    device s mod K)."""
+    devices = self.ReplicaDevices(replica)
     return [devices[s % len(devices)] for s in range(self.num_partitions)]
 
   def ReplicaDevices(self, replica: int) -> List[str]:

@@ -236,9 +236,8 @@ class PipelineRun:
     # the micro-batch of its last backward (an inlined call, whose
     # gradients reach the all-reduce's buckets one by one).
     self._replicas = layer.num_replicas
-    self._mirror_devices = [
-        [layer.ReplicaDevices(r)[d] for r in range(self._replicas)]
-        for d in self._stage_devices]
+    self._mirror_devices = [list(copies) for copies in zip(
+        *[layer.StageDevices(r) for r in range(self._replicas)])]
     self._last_backward: Dict[int, int] = {}
     self._inline_backward_fns: Dict[int, Any] = {}
     self._kind = ''

@@ -120,7 +120,7 @@ def ReadAll(theta: NestedMap) -> Tuple[NestedMap, Dict[int, tf.Tensor]]:
 
 def _Pipelines(task: Any) -> List[Any]:
   return [layer for layer in task.Layers()
-          if hasattr(layer, 'ReplicaDevices') and hasattr(layer, 'cells')]
+          if hasattr(layer, 'StageDevices') and hasattr(layer, 'cells')]
 
 
 class Mirrors:
@@ -128,8 +128,8 @@ class Mirrors:
 
   Made eagerly (BaseTask.CreateTrainState), each copy on its replica's
   device of the partition, with the value its variable has then. The
-  copies are not checkpointed: after a restore `Sync` sets them (and the
-  copies' optimizer slots, `SyncSlots`) from replica 0's.
+  copies are not checkpointed: after a restore `Sync` sets them from
+  replica 0's (BaseTask.SyncMirrors also sets their optimizer slots).
   """
 
   def __init__(self, task: Any, num_replicas: int):
@@ -142,14 +142,14 @@ class Mirrors:
     self._primaries: List[tf.Variable] = []
     self._paths: Dict[int, str] = {}
     for layer in _Pipelines(task):
-      k = len(layer.ReplicaDevices(0))
+      where = [layer.StageDevices(r) for r in range(num_replicas)]
       for s, cell in enumerate(layer.cells):
         for path, var in cell.VariablesByPath().items():
           if not var.trainable:
             continue
           copies = []
           for r in range(1, num_replicas):
-            with tf.device(layer.ReplicaDevices(r)[s % k]):
+            with tf.device(where[r][s]):
               copies.append(tf.Variable(
                   var.read_value(), trainable=False, dtype=var.dtype,
                   name=f'{path}/replica_{r}'))
