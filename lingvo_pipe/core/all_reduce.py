@@ -6,8 +6,7 @@ the stage's last backward on a device, its gradient sums are all-reduced
 over the R devices that hold the copies, and every copy gets the same
 sum (an A action of the schedule's table, `schedule.WithAllReduce`):
 
-  bucket the leaves, last layer's first (the order the backward makes
-  them), about BUCKET_BYTES each, one dtype per bucket
+  bucket the leaves, about BUCKET_BYTES each, one dtype per bucket
   per bucket:  concat(reshape(leaf, [-1])) --CollectiveReduce(Add)-->
                split and reshape back
 
@@ -22,7 +21,9 @@ Two facts measured here decide the form (docs/DESIGN.md section 14):
 the ops sit in the step's own graph (inside a `_noinline` function the
 instances never meet and time out), and the first version,
 `CollectiveReduce`, is used: `CollectiveReduceV2` timed out between our
-single client's servers.
+single client's servers. The stage's last backward is one call, so its
+sums are all there at once; buckets make the exchange quicker (24 MiB
+between two servers: 34 ms in 4 MiB buckets, 44 ms whole).
 """
 
 from __future__ import annotations
@@ -32,9 +33,7 @@ from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-# Bytes per bucket: big enough that each collective's fixed cost is
-# small, small enough that the first buckets go while the backward still
-# makes the rest.
+# Bytes per bucket (module docstring).
 BUCKET_BYTES = 4 << 20
 
 _LOCK = threading.Lock()
@@ -56,15 +55,16 @@ def InstanceKey(what: Hashable) -> int:
     return _INSTANCE_KEYS.setdefault(what, len(_INSTANCE_KEYS) + 1)
 
 
-def Buckets(leaves: Sequence[Optional[tf.Tensor]], order: Sequence[int],
-            bucket_bytes: int = BUCKET_BYTES) -> List[List[int]]:
-  """Indices of `leaves` in buckets: taken in `order` (the backward's), a
-  bucket closes when it reaches `bucket_bytes` or the dtype changes. None
+def Buckets(leaves: Sequence[Optional[tf.Tensor]],
+            bucket_bytes: Optional[int] = None) -> List[List[int]]:
+  """Indices of `leaves` in buckets, in order: a bucket closes when it
+  reaches `bucket_bytes` (default BUCKET_BYTES) or the dtype changes. None
   leaves are left out."""
+  if bucket_bytes is None:
+    bucket_bytes = BUCKET_BYTES
   buckets: List[List[int]] = []
   size, dtype = 0, None
-  for i in order:
-    t = leaves[i]
+  for i, t in enumerate(leaves):
     if t is None:
       continue
     nbytes = t.shape.num_elements() * t.dtype.size
@@ -76,14 +76,13 @@ def Buckets(leaves: Sequence[Optional[tf.Tensor]], order: Sequence[int],
   return buckets
 
 
-def Sum(leaves: Sequence[Optional[tf.Tensor]], order: Sequence[int],
-        devices: Sequence[str], device: str, name: Hashable,
+def Sum(leaves: Sequence[Optional[tf.Tensor]], devices: Sequence[str],
+        device: str, name: Hashable,
         timeout_s: float = 600.0) -> List[Optional[tf.Tensor]]:
   """Each leaf summed over `devices` (this copy's on `device`, one of them).
 
   `name` tells this call's collectives from every other's (the same in
-  every replica); `order` is the order the leaves' values are made in.
-  `timeout_s` > 0 bounds each wait for the other copies.
+  every replica). `timeout_s` > 0 bounds each wait for the other copies.
   """
   group_size = len(devices)
   if group_size == 1:
@@ -91,7 +90,7 @@ def Sum(leaves: Sequence[Optional[tf.Tensor]], order: Sequence[int],
   group_key = GroupKey(devices)
   out = list(leaves)
   with tf.device(device), tf.name_scope('all_reduce'):
-    for b, idx in enumerate(Buckets(leaves, order)):
+    for b, idx in enumerate(Buckets(leaves)):
       parts = [leaves[i] for i in idx]
       flat = (tf.reshape(parts[0], [-1]) if len(parts) == 1 else
               tf.concat([tf.reshape(t, [-1]) for t in parts], 0))

@@ -193,11 +193,10 @@ class Engine:
     self._last[d] = [t for t in sums if t is not None] + _Present(end)
 
   def _AllReduce(self, d: int, s: int) -> None:
-    """Each bucket's collective waits for its own gradients only, so the
-    first go while the stage's last backward still makes the rest. When
-    recording, the task starts as the device's previous action ends and
-    ends when every sum is in: its length is the exchange not hidden
-    behind that backward."""
+    """The collectives wait for the stage's sums only, not for the
+    device's chain. When recording, the task starts as the device's
+    previous action ends and ends when every sum is in: its length is the
+    exchange not hidden behind that action."""
     start = self._Begin(d, list(self._last.get(d, [])), [])
     sums = self._ops.AllReduce(s)
     self._Finish(d, schedule.ALL_REDUCE, s, 0, start, sums)

@@ -128,20 +128,16 @@ class _StageFunction:
     return self.get_concrete_function(*args)(*args)
 
 
-def _OnDevice(fn: Callable[..., Any], device: str,
-              inline: bool = False) -> _StageFunction:
-  """`fn` as a non-inlined tf.function whose every op is on `device`;
-  `inline`: one the runtime pastes into the graph, whose outputs are then
-  ready one by one (a stage's last backward before its all-reduce)."""
+def _OnDevice(fn: Callable[..., Any], device: str) -> _StageFunction:
+  """`fn` as a non-inlined tf.function whose every op is on `device`."""
 
   def Body(*args):
     with tf.device(device):
       return fn(*args)
 
-  Body.__name__ = fn.__name__ + ('_inline' if inline else '')
+  Body.__name__ = fn.__name__
   return _StageFunction(tf.function(
-      Body, autograph=False,
-      experimental_attributes=None if inline else _FUNCTION_ATTRIBUTES))
+      Body, autograph=False, experimental_attributes=_FUNCTION_ATTRIBUTES))
 
 
 def CastFloats(leaves: Sequence[Optional[tf.Tensor]],
@@ -220,9 +216,8 @@ class PipelineRun:
     self._backward_0_no_dx: Optional[Callable[..., Any]] = None
     self._input_gradient_fn: Optional[Callable[..., Any]] = None
     self._split_cells = {
-        s: residuals.SplitCell(
-            f'cell_{s}', self._ForwardFn(s), lambda fn, d=d: _OnDevice(fn, d),
-            lambda fn, d=d: _OnDevice(fn, d, inline=True))
+        s: residuals.SplitCell(f'cell_{s}', self._ForwardFn(s),
+                               lambda fn, d=d: _OnDevice(fn, d))
         for s, d in enumerate(self._devices)
         if layer.KeepsActivations(s)}
     # Tables that split backwards (W actions): each stage's B and W, and
@@ -232,14 +227,11 @@ class PipelineRun:
     # One-pass training (Train): the loss head, and its theta as Run got it.
     self._loss: Optional[pipeline_loss.LossHead] = None
     self._head_theta: Leaves = []
-    # Replicas (all_reduce.py): per stage, the devices of its R copies and
-    # the micro-batch of its last backward (an inlined call, whose
-    # gradients reach the all-reduce's buckets one by one).
+    # Replicas (all_reduce.py): per stage, the devices of its R copies;
+    # which entry the all-reduces belong to ('fprop' or 'train').
     self._replicas = layer.num_replicas
     self._mirror_devices = [list(copies) for copies in zip(
         *[layer.StageDevices(r) for r in range(self._replicas)])]
-    self._last_backward: Dict[int, int] = {}
-    self._inline_backward_fns: Dict[int, Any] = {}
     self._kind = ''
 
   def _SetTheta(self, theta: List[Leaves]) -> None:
@@ -374,9 +366,8 @@ class PipelineRun:
     acc = self._Zeros(s)
     if s in self._split_cells:
       y, kept = self._kept.pop((s, m))
-      dx, sums = self._split_cells[s].Backward(
-          theta_leaves, x, kept, dy, y, acc,
-          inline=self._last_backward.get(s) == m)
+      dx, sums = self._split_cells[s].Backward(theta_leaves, x, kept, dy, y,
+                                               acc)
       self._acc[s] = list(sums)
       return list(dx), list(sums), None
     # Re-computation starts once this device's previous action is done AND
@@ -392,14 +383,7 @@ class PipelineRun:
       out = self._backward_0_no_dx(theta_leaves, x, dy, acc, *clock_args)
       dx = self._input_gradient_fn(theta_leaves, x, dy)
     else:
-      fn = self._backward_fns[s]
-      if self._last_backward.get(s) == m:
-        if s not in self._inline_backward_fns:
-          self._inline_backward_fns[s] = _OnDevice(
-              self._BackwardFn(s, self._devices[s]), self._devices[s],
-              inline=True)
-        fn = self._inline_backward_fns[s]
-      out = fn(theta_leaves, x, dy, acc, *clock_args)
+      out = self._backward_fns[s](theta_leaves, x, dy, acc, *clock_args)
       dx = out[0]
     self._acc[s] = list(out[1])
     recomputed = out[2] if clock is not None else None
@@ -407,15 +391,8 @@ class PipelineRun:
 
   def AllReduce(self, s: int) -> Leaves:
     """A(s) (pipeline_engine.StageOps): stage s's sums over its copies."""
-    cell_vars = tf.nest.flatten(self._cells[s].vars)
-    made = {id(v): i for i, v in enumerate(
-        v for layer in self._cells[s].Layers()
-        for v in layer._vars.values())}  # pylint: disable=protected-access
-    # The backward makes the last layers' gradients first.
-    order = sorted(range(len(cell_vars)),
-                   key=lambda i: -made.get(id(cell_vars[i]), i))
     self._acc[s] = all_reduce.Sum(
-        self._Zeros(s), order, self._mirror_devices[s], self._devices[s],
+        self._Zeros(s), self._mirror_devices[s], self._devices[s],
         (self._layer.path, self._kind, s))
     return list(self._acc[s])
 
@@ -425,11 +402,6 @@ class PipelineRun:
     if self._replicas == 1:
       return table
     self._kind = kind
-    last = 'W' if table.split_backward else 'B'
-    for row in table.order:
-      for a in row:
-        if a.phase == last:
-          self._last_backward[a.stage] = a.micro_batch
     return schedule.WithAllReduce(table)
 
   def Loss(self, m: int, y: Leaves) -> Tuple[Leaves, Leaves]:

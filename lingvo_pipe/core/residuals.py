@@ -93,19 +93,14 @@ class SplitCell:
 
   `cell(theta_leaves, x) -> y leaves` is traced in the current graph;
   `wrap(fn)` turns a Python function into the tf.function to run (the
-  pipeline's `_OnDevice`: non-inlined, on the partition's device);
-  `wrap_inline(fn)` (default `wrap`) into one the runtime inlines, for a
-  backward whose outputs are wanted one by one (`Backward(inline=True)`).
+  pipeline's `_OnDevice`: non-inlined, on the partition's device).
   """
 
   def __init__(self, name: str, cell: Callable[..., List[tf.Tensor]],
-               wrap: Callable[[Callable[..., Any]], Any],
-               wrap_inline: Optional[Callable[[Callable[..., Any]],
-                                              Any]] = None):
+               wrap: Callable[[Callable[..., Any]], Any]):
     self._name = name
     self._cell = cell
     self._wrap = wrap
-    self._wrap_inline = wrap_inline or wrap
     self._residual_names: List[str] = []
     self._backwards: Dict[Tuple[bool, ...], _Backward] = {}
     self._backward_fns: Dict[Tuple[bool, ...], Any] = {}
@@ -276,21 +271,19 @@ class SplitCell:
 
   def Backward(self, theta_leaves: List[tf.Tensor], x: List[tf.Tensor],
                residuals: List[tf.Tensor], dy: Leaves, y: List[tf.Tensor],
-               acc: Optional[Leaves] = None,
-               inline: bool = False) -> Tuple[Leaves, Leaves]:
+               acc: Optional[Leaves] = None) -> Tuple[Leaves, Leaves]:
     """One backward call: (d x, d theta) of the forward that made `residuals`.
 
     `y` is that forward's output (which outputs can have a gradient). With
     `acc` (a tensor per floating theta leaf) the call returns acc + d theta
-    instead of d theta, added inside the call (`AddGradients`). `inline`:
-    a call the runtime inlines (see the class docstring).
+    instead of d theta, added inside the call (`AddGradients`).
     """
     wanted, backward, inputs = self.Gradient(theta_leaves, x, residuals, dy,
                                              y)
-    key = wanted + ((acc is not None), inline)
+    key = wanted + ((acc is not None),)
     if key not in self._backward_fns:
       self._backward_fns[key] = self._BackwardFn(backward, wanted,
-                                                 acc is not None, inline)
+                                                 acc is not None)
     extra = [] if acc is None else [acc]
     grads = list(self._backward_fns[key](inputs, *extra))
     return grads[:backward.num_x], grads[backward.num_x:]
@@ -309,7 +302,7 @@ class SplitCell:
     return wanted, backward, [pools[kind][i] for kind, i in backward.refs]
 
   def _BackwardFn(self, backward: _Backward, wanted: Tuple[bool, ...],
-                  accumulates: bool, inline: bool = False) -> Any:
+                  accumulates: bool) -> Any:
     names = [o[1] for o in backward.outputs if o and o[0] == 'node']
 
     def Backward(inputs, *acc):
@@ -334,7 +327,7 @@ class SplitCell:
     Backward.__name__ = (f'{self._name}_backward_keep_' +
                          ''.join('1' if w else '0' for w in wanted) +
                          ('_accumulate' if accumulates else ''))
-    return (self._wrap_inline if inline else self._wrap)(Backward)
+    return self._wrap(Backward)
 
 
 def InputName(i: int) -> str:
