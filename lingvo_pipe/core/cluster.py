@@ -280,17 +280,19 @@ def _CheckSameCluster(spec: tf.train.ClusterSpec, job: str,
 
 def FailedTask(err: BaseException, spec: tf.train.ClusterSpec,
                job: str = 'worker') -> Optional[Tuple[int, str]]:
-  """(task, address) of the worker a runtime error says went away, or None.
+  """(task, address) of the worker a runtime error came from, or None.
 
-  For UnavailableError (a task was killed or its connection broke): the
-  task the message names, else the first task that does not answer now.
+  The task an UnavailableError or AbortedError names, else the first task
+  that does not answer now, whatever the error's type: a worker that died
+  mid-step shows as Unavailable, Aborted or Cancelled (a collective cancels
+  its receives when a peer goes), depending on which op saw it first.
   """
-  if not isinstance(err, (tf.errors.UnavailableError,
-                          tf.errors.AbortedError)):
+  if not isinstance(err, tf.errors.OpError):
     return None
-  for name, task in _TASK_RE.findall(str(err)):
-    if name == job and int(task) < spec.num_tasks(job):
-      return int(task), spec.task_address(job, int(task))
+  if isinstance(err, (tf.errors.UnavailableError, tf.errors.AbortedError)):
+    for name, task in _TASK_RE.findall(str(err)):
+      if name == job and int(task) < spec.num_tasks(job):
+        return int(task), spec.task_address(job, int(task))
   for task in range(spec.num_tasks(job)):
     address = spec.task_address(job, task)
     if Probe(address, 1.0) is not None:

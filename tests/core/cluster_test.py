@@ -10,8 +10,11 @@ import os
 import subprocess
 import sys
 import textwrap
+from concurrent import futures
 
 from absl.testing import absltest
+import grpc
+import tensorflow as tf
 
 from lingvo_pipe.core import cluster
 from lingvo_pipe.core import devices
@@ -137,6 +140,27 @@ class ClusterTest(absltest.TestCase):
     spec = cluster.ParseClusterSpec('worker=localhost:1')
     with self.assertRaisesRegex(ValueError, 'Task 3 of job .worker. is not'):
       cluster.StartServer(spec, 'worker', 3)
+
+  def testFailedTaskNamesTheTaskThatDoesNotAnswer(self):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    live = f'127.0.0.1:{server.add_insecure_port("127.0.0.1:0")}'
+    server.start()
+    self.addCleanup(server.stop, None)
+    dead = f'127.0.0.1:{local_workers.FreePorts(1)[0]}'
+    spec = cluster.ParseClusterSpec(f'worker={live},{dead}')
+    everyone = cluster.ParseClusterSpec(f'worker={live}')
+    # A collective whose peer died cancels its receives, naming no task.
+    for err in (tf.errors.CancelledError(None, None, 'RecvFromRemoteAsync '
+                                         'is cancelled.'),
+                tf.errors.UnavailableError(None, None, 'Socket closed')):
+      self.assertEqual(cluster.FailedTask(err, spec), (1, dead))
+      self.assertIsNone(cluster.FailedTask(err, everyone))
+    named = tf.errors.AbortedError(
+        None, None, 'from /job:worker/replica:0/task:0: Connection reset')
+    self.assertEqual(cluster.FailedTask(named, spec), (0, live))
+    wrong = tf.errors.InvalidArgumentError(None, None, 'shapes differ')
+    self.assertIsNone(cluster.FailedTask(wrong, everyone))
+    self.assertIsNone(cluster.FailedTask(ValueError('no op'), spec))
 
   def _StartServers(self):
     """Two servers, task i pinned to core i (LocalWorkers); stopped later."""
