@@ -1,7 +1,7 @@
 """Mirrored data parallelism x pipeline across worker processes.
 
   .venv/bin/python -m bench.scaling.run replicas [--rounds=10] [--warmup=2]
-      [--core_rounds=5] [--json_out=FILE]
+      [--core_rounds=5] [--parts=0123] [--json_out=FILE]
 
 Part 1, two workers, task i pinned to core i (`LocalWorkers`): one client
 times one training step (`BaseTask.TrainStep`: forward, loss, gradients,
@@ -25,6 +25,16 @@ sockets' counters (`ss`), for R = 2, 3, 4 mirrored replicas (K=1), and
 for the one-copy exchange they replace, run as plain ops (every variable
 read on task 0 and used on task r, a gradient of the same size sent back
 and added on task 0, for r = 1 .. R-1).
+
+Part 3, the two pinned workers again: the cost of the exchange alone.
+Each worker holds a vector of the stack's P parameters (float32) and the
+two are summed, in 4 MiB buckets, by (a) `all_reduce.Sum`
+(TensorFlow's CollectiveReduce, what the trainer runs) and by (b) the
+same reduce-scatter and all-gather written as placed ops (chunk c of
+every copy sent to task c and summed there, the sum sent back), which
+the runtime moves with its graph Send/Recv. Per call, interleaved over
+rounds: wall time, each worker's CPU time and the bytes it sends; every
+copy's sums are checked equal to the exact total.
 
 Part 0, no TensorFlow: what the two cores give a single-threaded numpy
 program run on both at once (bench/common's `cores.py`), the machine's
@@ -55,6 +65,7 @@ from bench.common import cli  # noqa: E402
 from bench.common import cores  # noqa: E402
 from bench.common import stack as stack_lib  # noqa: E402
 from bench.scaling import throughput  # noqa: E402
+from lingvo_pipe.core import all_reduce  # noqa: E402
 from lingvo_pipe.core import base_model  # noqa: E402
 from lingvo_pipe.core import cluster  # noqa: E402
 from lingvo_pipe.core import gpipe  # noqa: E402
@@ -238,10 +249,89 @@ def _BytesClient(args: argparse.Namespace, names: List[str],
   return out
 
 
+def _PlacedSum(copies: List[tf.Tensor], names: List[str]) -> List[tf.Tensor]:
+  """Part 3 (b): one flat bucket summed over its copies (copy r on
+  names[r]) by placed ops; every copy's result holds the same bits."""
+  size = copies[0].shape.num_elements()
+  r_count = len(copies)
+  sizes = [size // r_count + (c < size % r_count) for c in range(r_count)]
+  chunks = []
+  for r, x in enumerate(copies):
+    with tf.device(names[r]):
+      chunks.append(tf.split(x, sizes))
+  totals = []
+  for c in range(r_count):
+    with tf.device(names[c]):
+      total = chunks[0][c]
+      for r in range(1, r_count):
+        total = total + chunks[r][c]
+      totals.append(total)
+  out = []
+  for r in range(r_count):
+    with tf.device(names[r]):
+      out.append(tf.concat(totals, 0))
+  return out
+
+
+def _ExchangeClient(args: argparse.Namespace, names: List[str],
+                    pids: List[int]) -> Dict[str, dict]:
+  stack = stack_lib.Stack()
+  size = sum(v.shape.num_elements() for v in _Task(
+      stack, (1, 1, 1), names).vars.Flatten())
+  bucket = all_reduce.BUCKET_BYTES // 4
+  copies = []
+  for r in range(2):
+    with tf.device(names[r]):
+      copies.append(tf.Variable(tf.fill([size], float(r + 1))))
+  edges = list(range(0, size, bucket)) + [size]
+
+  def Exchange(placed: bool):
+    def Run():
+      parts = []
+      for r, v in enumerate(copies):
+        with tf.device(names[r]):
+          parts.append([v[a:b] for a, b in zip(edges, edges[1:])])
+      if placed:
+        sums = list(zip(*[_PlacedSum(list(bucket_copies), names[:2])
+                          for bucket_copies in zip(*parts)]))
+      else:
+        sums = [all_reduce.Sum(parts[r], names[:2], names[r], 'bench')
+                for r in range(2)]
+      out = []
+      for r in range(2):
+        with tf.device(names[r]):  # every sum must be exactly 3
+          out.append(tf.reduce_all(tf.equal(tf.concat(sums[r], 0), 3.0)))
+      return tf.reduce_all(tf.stack(out))
+    return tf.function(Run, autograph=False)
+
+  runs = {'CollectiveReduce (all_reduce.Sum)': Exchange(False),
+          'placed ops (graph Send/Recv)': Exchange(True)}
+  out = {label: {'times': [], 'worker_cpu': [], 'sent': [],
+                 'params_bytes': size * 4} for label in runs}
+  for label, run in runs.items():
+    for _ in range(args.warmup):
+      if not run().numpy():
+        raise SystemExit(f'{label}: a copy did not get the exact sum')
+  for label in stack_lib.Rotations(list(runs), args.rounds):
+    cpu_before = [throughput.CpuSeconds(pid) for pid in pids]
+    sent_before = SentBytes(pids)
+    begin = time.perf_counter()
+    ok = runs[label]().numpy()
+    out[label]['times'].append(time.perf_counter() - begin)
+    sent = SentBytes(pids)
+    out[label]['worker_cpu'].append(
+        [throughput.CpuSeconds(p) - c for p, c in zip(pids, cpu_before)])
+    out[label]['sent'].append([sent[p] - sent_before[p] for p in pids])
+    if not ok:
+      raise SystemExit(f'{label}: a copy did not get the exact sum')
+  return out
+
+
 def _Client(args: argparse.Namespace) -> None:
   names = cluster.Connect(cluster.ParseClusterSpec(args.cluster_spec))
   pids = [int(p) for p in args.worker_pids.split(',')]
-  run = _TimeClient if args.part == 'time' else _BytesClient
+  run = {'time': _TimeClient, 'bytes': _BytesClient,
+         'exchange': _ExchangeClient}[args.part]
   print(json.dumps(run(args, names, pids)), flush=True)
 
 
@@ -335,6 +425,23 @@ def _BytesTable(res: Dict[str, dict]) -> str:
   return '\n'.join(lines)
 
 
+def _ExchangeTable(res: Dict[str, dict]) -> str:
+  params = next(iter(res.values()))['params_bytes']
+  lines = [f'P = {params / 2**20:.1f} MiB of float32 on each worker, summed '
+           'in 4 MiB buckets; medians per call:', '',
+           '| exchange | wall ms | worker CPU ms (task 0, 1) | sent per '
+           'worker, in P |', '|---|---|---|---|']
+  for label, r in res.items():
+    cpu = [statistics.median(c[i] for c in r['worker_cpu']) * 1e3
+           for i in range(2)]
+    sent = [statistics.median(s[i] for s in r['sent']) / params
+            for i in range(2)]
+    lines.append(f'| {label} | {_Med(r) * 1e3:.1f} | '
+                 + ', '.join(f'{c:.0f}' for c in cpu) + ' | '
+                 + ', '.join(f'{b:.2f}' for b in sent) + ' |')
+  return '\n'.join(lines)
+
+
 def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(prog=cli.Prog(),
                                    description=__doc__.split('\n')[0])
@@ -346,6 +453,8 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
                       help='steps per byte count (part 2)')
   parser.add_argument('--core_rounds', type=int, default=5,
                       help='rounds of the numpy core probe (part 0)')
+  parser.add_argument('--parts', default='0123',
+                      help='which parts to run (module docstring)')
   parser.add_argument('--timeout', type=float, default=3600)
   parser.add_argument('--json_out', default='')
   parser.add_argument('--client', action='store_true', help=argparse.SUPPRESS)
@@ -361,19 +470,26 @@ def main(argv: Sequence[str]) -> None:
     _Client(args)
     return
   print(cli.Header(f'TensorFlow {tf.__version__}'), flush=True)
-  part0 = cores.Measure(args.core_rounds)
-  print('\n### The two cores without TensorFlow (cores.py)\n\n' +
-        cores.Table(part0), flush=True)
-  part1 = _Run('time', 2, [0, 1], args)
-  print('\n### Two workers, one core each\n\n' + _TimeTable(part1),
-        flush=True)
-  part2 = _Run('bytes', max(BYTES_REPLICAS), [0, 1, 0, 1], args)
-  print('\n### Bytes per worker, four workers on two cores\n\n' +
-        _BytesTable(part2), flush=True)
+  raw = {}
+  if '0' in args.parts:
+    raw['part0'] = cores.Measure(args.core_rounds)
+    print('\n### The two cores without TensorFlow (cores.py)\n\n' +
+          cores.Table(raw['part0']), flush=True)
+  if '1' in args.parts:
+    raw['part1'] = _Run('time', 2, [0, 1], args)
+    print('\n### Two workers, one core each\n\n' +
+          _TimeTable(raw['part1']), flush=True)
+  if '2' in args.parts:
+    raw['part2'] = _Run('bytes', max(BYTES_REPLICAS), [0, 1, 0, 1], args)
+    print('\n### Bytes per worker, four workers on two cores\n\n' +
+          _BytesTable(raw['part2']), flush=True)
+  if '3' in args.parts:
+    raw['part3'] = _Run('exchange', 2, [0, 1], args)
+    print('\n### The exchange alone, two workers, one core each\n\n' +
+          _ExchangeTable(raw['part3']), flush=True)
   if args.json_out:
     with open(args.json_out, 'w') as f:
-      json.dump({'part0': part0, 'part1': part1, 'part2': part2}, f)
-
+      json.dump(raw, f)
 
 if __name__ == '__main__':
   main(sys.argv[1:])
