@@ -1,7 +1,7 @@
 """Mirrored data parallelism x pipeline across worker processes.
 
   .venv/bin/python -m bench.scaling.run replicas [--rounds=10] [--warmup=2]
-      [--core_rounds=5] [--parts=0123] [--json_out=FILE]
+      [--core_rounds=5] [--parts=01234] [--json_out=FILE]
 
 Part 1, two workers, task i pinned to core i (`LocalWorkers`): one client
 times one training step (`BaseTask.TrainStep`: forward, loss, gradients,
@@ -35,6 +35,13 @@ every copy sent to task c and summed there, the sum sent back), which
 the runtime moves with its graph Send/Recv. Per call, interleaved over
 rounds: wall time, each worker's CPU time and the bytes it sends; every
 copy's sums are checked equal to the exact total.
+
+Part 4, the planner (`tools/plan.py`) in a process pinned to core 0, as
+its README runs it, with --cores=0,1: its predicted step for each
+configuration of part 1 (recompute never, GPipe, each replica's share of
+the batch), the R=2 step with each stage's all-reduce measured over two
+worker servers and scaled to R (transfer_profile), beside part 1's
+measured median. Target (the planner's): within 15%.
 
 Part 0, no TensorFlow: what the two cores give a single-threaded numpy
 program run on both at once (bench/common's `cores.py`), the machine's
@@ -78,6 +85,7 @@ from lingvo_pipe.core import step_trace  # noqa: E402
 # ideal 2x; the exchange the backward does not hide; bytes R=4 / R=2.
 TARGET_INDEPENDENT, TARGET_IDEAL, TARGET_EXPOSED, TARGET_BYTES = (
     0.95, 0.75, 0.03, 1.2)
+TARGET_PLAN = 0.15  # the planner's error (bench/planner)
 Config = Tuple[int, int, int]  # (R, K, M)
 PART1: List[Config] = [(1, 1, 8), (2, 1, 8), (1, 2, 8)]
 INDEPENDENT = '2 independent R=1 K=1 M=4, batch / 2 each'
@@ -327,7 +335,39 @@ def _ExchangeClient(args: argparse.Namespace, names: List[str],
   return out
 
 
+def _PlanChild(args: argparse.Namespace) -> Dict[str, dict]:
+  """Part 4: the planner's prediction of each part-1 configuration."""
+  from lingvo_pipe.core import devices  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core.nested_map import NestedMap  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.tools import model_pipeline  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.tools import plan  # pylint: disable=g-import-not-at-top
+  plan.SetUpProcess()
+  devices.SplitCpu(1)
+  stack = stack_lib.Stack()
+  micro = stack.batch // 8
+  shapes = NestedMap(vec=tf.TensorShape([micro, stack.seq_len,
+                                         stack.model_dim]),
+                     paddings=tf.TensorShape([micro, stack.seq_len]))
+  out = {}
+  for replicas, k, m in PART1:
+    pipe = model_pipeline.ModelPipeline(
+        name='stack', layers=stack_lib._LayerParams(stack),  # pylint: disable=protected-access
+        batch_size=stack.batch // replicas, num_partitions=k,
+        num_micro_batches=m // replicas, recompute='never',
+        micro_batch_shapes=shapes, optimizer=optimizer.SGD.Params(),
+        input_gradient=False, num_replicas=replicas)
+    res = plan.PlanModel(pipe, k, m // replicas, num_runs=args.warmup + 3,
+                         cores=[0, 1], schedule_name='gpipe')
+    out[_Label((replicas, k, m))] = {
+        'step_s': res.step_s, 'all_reduce_s': res.all_reduce_s,
+        'exchange': str(res.exchange.cost)}
+  return out
+
+
 def _Client(args: argparse.Namespace) -> None:
+  if args.part == 'plan':
+    print(json.dumps(_PlanChild(args)), flush=True)
+    return
   names = cluster.Connect(cluster.ParseClusterSpec(args.cluster_spec))
   pids = [int(p) for p in args.worker_pids.split(',')]
   run = {'time': _TimeClient, 'bytes': _BytesClient,
@@ -354,6 +394,42 @@ def _Run(part: str, tasks: int, pin: List[int],
   if child.returncode:
     raise SystemExit(f'client failed:\n{child.stderr[-3000:]}')
   return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def _RunPlan(args: argparse.Namespace) -> Dict[str, dict]:
+  """Part 4 in a child pinned to core 0 (the planner starts its own
+  workers for --cores)."""
+  child = subprocess.run(
+      ['taskset', '-c', '0', sys.executable, '-m', 'bench.scaling.replicas',
+       '--client', '--part=plan', f'--warmup={args.warmup}'],
+      capture_output=True, text=True, timeout=args.timeout,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+  if child.returncode:
+    raise SystemExit(f'planner failed:\n{child.stderr[-3000:]}')
+  return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def _PlanTable(plans: Dict[str, dict], measured: Dict[str, dict]) -> str:
+  lines = ['| configuration | predicted s/step | of it, all-reduce | measured '
+           '(part 1) | error |', '|---|---|---|---|---|']
+  for label, pred in plans.items():
+    meas = _Med(measured[label]) if label in measured else None
+    err = f'{pred["step_s"] / meas - 1:+.0%}' if meas else '-'
+    ar = ', '.join(f'{t * 1e3:.0f} ms' for t in pred['all_reduce_s']) or '-'
+    lines.append(f'| {label} | {pred["step_s"]:.3f} | {ar} | '
+                 f'{"-" if meas is None else f"{meas:.3f}"} | {err} |')
+  errors = {label: abs(p['step_s'] / _Med(measured[label]) - 1)
+            for label, p in plans.items() if label in measured}
+  exchange = next((p['exchange'] for p in plans.values()
+                   if p['all_reduce_s']), '')
+  lines += ['', f'All-reduce measured {exchange}.']
+  replicated = [e for label, e in errors.items() if 'R=1 ' not in label]
+  if replicated:
+    worst = max(replicated)
+    lines.append(f'Largest error with replicas {worst:.0%} (target within '
+                 f'{TARGET_PLAN:.0%}: {_Verdict(worst <= TARGET_PLAN)}); of '
+                 f'every row {max(errors.values()):.0%}.')
+  return '\n'.join(lines)
 
 
 def _Med(record: dict) -> float:
@@ -453,7 +529,7 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
                       help='steps per byte count (part 2)')
   parser.add_argument('--core_rounds', type=int, default=5,
                       help='rounds of the numpy core probe (part 0)')
-  parser.add_argument('--parts', default='0123',
+  parser.add_argument('--parts', default='01234',
                       help='which parts to run (module docstring)')
   parser.add_argument('--timeout', type=float, default=3600)
   parser.add_argument('--json_out', default='')
@@ -487,6 +563,10 @@ def main(argv: Sequence[str]) -> None:
     raw['part3'] = _Run('exchange', 2, [0, 1], args)
     print('\n### The exchange alone, two workers, one core each\n\n' +
           _ExchangeTable(raw['part3']), flush=True)
+  if '4' in args.parts:
+    raw['part4'] = _RunPlan(args)
+    print('\n### The planner against part 1\n\n' +
+          _PlanTable(raw['part4'], raw.get('part1', {})), flush=True)
   if args.json_out:
     with open(args.json_out, 'w') as f:
       json.dump(raw, f)

@@ -43,6 +43,9 @@ class ModelPipeline:
   # (pipeline_run). The model's params class says so with
   # PIPELINE_INPUT_GRADIENT; True where it does not.
   input_gradient: bool = True
+  # Data-parallel replicas (task.train.num_replicas): the batch and the
+  # micro-batches above are one replica's.
+  num_replicas: int = 1
 
   def InputShapes(self, micro_batch_size: int) -> Any:
     """The first layer's input shapes for a micro-batch of that size."""
@@ -122,4 +125,5 @@ def FromRegistry(name: str, override_text: str = '') -> ModelPipeline:
       pipe_p.num_micro_batches // replicas,  # each replica runs M / R
       recompute=pipe_p.recompute, micro_batch_shapes=shapes_fn(),
       batch_dim=pipe_p.batch_dim, optimizer=p.task.train.optimizer,
-      input_gradient=bool(getattr(model, 'PIPELINE_INPUT_GRADIENT', True)))
+      input_gradient=bool(getattr(model, 'PIPELINE_INPUT_GRADIENT', True)),
+      num_replicas=replicas)

@@ -36,6 +36,14 @@ input when the model's params class says the step makes none
 (PIPELINE_INPUT_GRADIENT = False: images), as the pipeline runs it
 (docs/DESIGN.md section 18).
 
+A model of R > 1 data-parallel replicas (`task.train.num_replicas`) is
+planned per replica (batch / R examples, M / R micro-batches), and each
+stage's gradient is all-reduced over the R copies after its last
+backward: an A action of the table (schedule.WithAllReduce) whose cost is
+measured once like the hand-off (transfer_profile's all-reduce over two
+devices, scaled to R copies: AllReduceSeconds) for the stage's parameter
+bytes. The report prints each stage's.
+
 Without K or M it suggests them: every K from 1 to the number of devices
 and every M dividing the batch (measured again for each micro-batch
 size), the fastest step by the layers' sums that fits; of those within
@@ -94,6 +102,18 @@ _UNITS = {'': 1, 'b': 1, 'kb': 1e3, 'mb': 1e6, 'gb': 1e9, 'kib': 2**10,
           'mib': 2**20, 'gib': 2**30, 'tib': 2**40}
 
 
+@dataclasses.dataclass(frozen=True)
+class Exchange:
+  """Data parallelism: R replicas, each stage's gradient all-reduced over
+  its R copies at `cost` (measured over two devices, module docstring)."""
+  num_replicas: int = 1
+  cost: transfer_profile.TransferCost = transfer_profile.TransferCost()
+
+  def Seconds(self, param_bytes: int) -> float:
+    return transfer_profile.AllReduceSeconds(self.cost, param_bytes,
+                                             self.num_replicas)
+
+
 def ParseBytes(text: str) -> Optional[int]:
   """'2GiB', '512 MiB', '1.5e9' -> bytes; '' or 'none' -> None."""
   text = text.strip()
@@ -149,6 +169,9 @@ class PlanResult:
   busy_s: List[float] = dataclasses.field(default_factory=list)
   why_schedule: str = ''  # set when the schedule was suggested
   note: str = ''
+  # R > 1 replicas: the exchange, and each stage's all-reduce (A action).
+  exchange: Exchange = Exchange()
+  all_reduce_s: List[float] = dataclasses.field(default_factory=list)
 
   @property
   def num_partitions(self) -> int:
@@ -186,6 +209,8 @@ class PlanResult:
              f'of {self.batch_size // m} (batch {self.batch_size}), '
              f'schedule {self.layout.schedule_name}, '
              f'recompute={self.recompute}' + (
+                 f', per replica of {self.exchange.num_replicas}'
+                 if self.exchange.num_replicas > 1 else '') + (
                  f', budget {Bytes(self.budget)} per device'
                  if self.budget else '')]
     if self.why:
@@ -204,6 +229,16 @@ class PlanResult:
       lines.append(f'  Hand-offs between partitions counted as free '
                    f'({self.transfer.between}; --cores measures them '
                    'between worker processes)')
+    r = self.exchange.num_replicas
+    if r > 1 and self.exchange.cost.measured:
+      lines.append(f'  All-reduce over the {r} copies after each stage\'s '
+                   'last backward: ' + ', '.join(
+                       f'stage {s} {t * 1e3:.1f} ms'
+                       for s, t in enumerate(self.all_reduce_s))
+                   + f'; measured {self.exchange.cost}')
+    elif r > 1:
+      lines.append(f'  All-reduce over the {r} copies counted as free '
+                   f'({self.exchange.cost.between})')
     return lines
 
   def _Memory(self) -> List[str]:
@@ -267,7 +302,8 @@ def Evaluate(name: str, profiles: Sequence[Profile], batch_size: int,
              num_partitions: int, m: int, recompute: str = 'always',
              budget: Optional[int] = None,
              transfer: Optional[transfer_profile.TransferCost] = None,
-             layout: Layout = Layout()) -> PlanResult:
+             layout: Layout = Layout(),
+             exchange: Exchange = Exchange()) -> PlanResult:
   """The best split onto K = num_partitions devices (K x V stages) for M
   micro-batches in the layout's schedule, predicted."""
   n, v = len(profiles), layout.num_virtual_stages
@@ -284,7 +320,7 @@ def Evaluate(name: str, profiles: Sequence[Profile], batch_size: int,
     raise ValueError(_TooSmall(profiles, num_partitions, m, recompute,
                                budget, layout)) from None
   result = _Predicted(name, profiles, batch_size, bounds, m, recompute,
-                      budget, transfer, layout)
+                      budget, transfer, layout, exchange)
   over = _OverBudget(result)
   if over:
     raise ValueError(over)
@@ -295,10 +331,12 @@ def _Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
                bounds: List[int], m: int, recompute: str,
                budget: Optional[int],
                transfer: Optional[transfer_profile.TransferCost] = None,
-               layout: Layout = Layout()) -> PlanResult:
+               layout: Layout = Layout(),
+               exchange: Exchange = Exchange()) -> PlanResult:
   """The prediction for a split; each boundary's hop is `transfer` of the
   last layer's output before it (one micro-batch), free between stages
-  on one device."""
+  on one device; with replicas, each stage's all-reduce is `exchange` of
+  its parameters' bytes."""
   s_total = len(bounds) - 1
   v = layout.num_virtual_stages
   table = layout.Table(s_total // v, m)
@@ -309,15 +347,21 @@ def _Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
   hops = [transfer.Seconds(profiles[b - 1].output_bytes)
           if devs[i] != devs[i + 1] else 0.0
           for i, b in enumerate(bounds[1:-1])]
-  sim = schedule.Simulate(table, [p.forward_s for p in parts],
-                          [p.backward_s for p in parts], 0.0, hops)
+  all_reduce = [exchange.Seconds(sum(p.param_bytes for p in profiles[a:b]))
+                for a, b in zip(bounds, bounds[1:])]
+  replicated = exchange.num_replicas > 1
+  sim = schedule.Simulate(
+      schedule.WithAllReduce(table) if replicated else table,
+      [p.forward_s for p in parts], [p.backward_s for p in parts], 0.0,
+      hops, all_reduce_s=all_reduce if replicated else None)
   return PlanResult(
       name=name, batch_size=batch_size, num_micro_batches=m,
       recompute=recompute, bounds=bounds, profiles=list(profiles),
       partitions=parts, step_s=sim.step, idle=sim.bubble, budget=budget,
       transfer=transfer, hop_s=hops, layout=layout,
       devices=step_model.PredictDevices(parts, table),
-      busy_s=list(sim.busy))
+      busy_s=list(sim.busy), exchange=exchange,
+      all_reduce_s=all_reduce if replicated else [])
 
 
 def MeasureTransfer(num_partitions: int,
@@ -337,11 +381,29 @@ def MeasureTransfer(num_partitions: int,
   return transfer_profile.Measure(devs[0], devs[1])
 
 
+def MeasureAllReduce(num_replicas: int,
+                     cores: Optional[Sequence[int]] = None
+                     ) -> transfer_profile.TransferCost:
+  """What an all-reduce over two of the target's devices costs (as
+  MeasureTransfer: worker servers pinned to the first two `cores`, else
+  this process's first two devices); nothing to measure with R = 1."""
+  if num_replicas < 2:
+    return transfer_profile.TransferCost(between='one replica')
+  if cores:
+    return transfer_profile.MeasureBetweenCores(cores, what='all_reduce')
+  devs = devices_lib.DefaultDevices()
+  if len(devs) < 2:
+    return transfer_profile.TransferCost(
+        between='not measured: this process has one device')
+  return transfer_profile.MeasureAllReduce(devs[:2])
+
+
 def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
            optimizer_p: Any = None, num_runs: int = 5,
            cores: Optional[Sequence[int]] = None,
            transfer: Optional[transfer_profile.TransferCost] = None,
-           input_gradient: bool = True) -> PlanResult:
+           input_gradient: bool = True,
+           exchange: Optional[Exchange] = None) -> PlanResult:
   """`result` with its split's partitions measured whole (module
   docstring): `layers` are the pipeline's layer params, `input_shapes`
   the first layer's inputs for one micro-batch. With `cores` (one per
@@ -352,7 +414,8 @@ def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
   `transfer`, measured (MeasureTransfer) if not given. `input_gradient`:
   whether the step differentiates the pipeline's input
   (layer_profile.ProfileLayers'); a first partition that keeps its
-  activations makes that gradient anyway, as the pipeline's does."""
+  activations makes that gradient anyway, as the pipeline's does.
+  `exchange`: the replicas' all-reduce, by default `result`'s."""
   input_gradient = input_gradient or step_model.KeepsActivations(
       result.recompute, 0, len(result.bounds) - 1)
   together = cores and result.layout.num_virtual_stages == 1
@@ -369,7 +432,8 @@ def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
   predicted = _Predicted(result.name, parts, result.batch_size,
                          list(range(len(parts) + 1)),
                          result.num_micro_batches, result.recompute,
-                         result.budget, transfer, result.layout)
+                         result.budget, transfer, result.layout,
+                         exchange or result.exchange)
   note = ('stages measured one after another: --cores measures one '
           'partition per core, V = 1' if cores and not together else '')
   return dataclasses.replace(
@@ -389,7 +453,7 @@ def InLayout(result: PlanResult, layout: Layout) -> PlanResult:
       result.name, parts or result.profiles, result.batch_size,
       list(range(k_stages + 1)) if parts else result.bounds,
       result.num_micro_batches, result.recompute, result.budget,
-      result.transfer, layout)
+      result.transfer, layout, result.exchange)
   return dataclasses.replace(
       predicted, bounds=result.bounds, profiles=result.profiles,
       partition_profiles=parts, cores=result.cores, note=result.note)
@@ -432,7 +496,9 @@ def _Candidates(name: str, profiles_by_m: Dict[int, List[Profile]],
                 batch_size: int, ks: Sequence[int], recompute: str,
                 budget: Optional[int],
                 transfer: Optional[transfer_profile.TransferCost],
-                layouts: Sequence[Layout]) -> Tuple[List[PlanResult], Any]:
+                layouts: Sequence[Layout],
+                exchange: Exchange = Exchange()
+                ) -> Tuple[List[PlanResult], Any]:
   """Every (K, M, layout) whose best split fits, predicted; and the
   least memory (need, K, M, layout) of those that do not."""
   plans, smallest = [], None
@@ -451,7 +517,7 @@ def _Candidates(name: str, profiles_by_m: Dict[int, List[Profile]],
                          key=lambda x: x[:3])
           continue
         plan = _Predicted(name, profiles, batch_size, bounds, m, recompute,
-                          budget, transfer, layout)
+                          budget, transfer, layout, exchange)
         if _OverBudget(plan):
           smallest = min(smallest or (math.inf,),
                          (plan.peak_bytes, k, m, layout),
@@ -465,10 +531,12 @@ def Suggest(name: str, profiles_by_m: Dict[int, List[Profile]],
             batch_size: int, ks: Sequence[int], recompute: str = 'always',
             budget: Optional[int] = None,
             transfer: Optional[transfer_profile.TransferCost] = None,
-            layouts: Sequence[Layout] = (Layout(),)) -> PlanResult:
+            layouts: Sequence[Layout] = (Layout(),),
+            exchange: Exchange = Exchange()) -> PlanResult:
   """The fastest predicted (K, M, schedule) that fits (module docstring)."""
   plans, smallest = _Candidates(name, profiles_by_m, batch_size, ks,
-                                recompute, budget, transfer, layouts)
+                                recompute, budget, transfer, layouts,
+                                exchange)
   if not plans:
     need, k, m, layout = smallest
     if len(ks) == 1 and len(profiles_by_m) == 1 and len(layouts) == 1:
@@ -585,14 +653,16 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
   ks = [num_partitions] if num_partitions else list(
       range(1, min(num_devices, n // v) + 1))
   transfer = MeasureTransfer(max(ks), cores)
+  exchange = Exchange(pipe.num_replicas,
+                      MeasureAllReduce(pipe.num_replicas, cores))
   layouts = Layouts(schedule_name, v)
   if num_partitions and num_micro_batches and len(layouts) == 1:
     result = Evaluate(pipe.name, profiles[ms[0]], pipe.batch_size,
                       num_partitions, ms[0], recompute, budget, transfer,
-                      layouts[0])
+                      layouts[0], exchange)
   else:
     result = Suggest(pipe.name, profiles, pipe.batch_size, ks, recompute,
-                     budget, transfer, layouts)
+                     budget, transfer, layouts, exchange)
   m = result.num_micro_batches
   with tf.device(devices_lib.DefaultDevices()[0]):
     return Refine(result, pipe.layers, pipe.InputShapes(pipe.batch_size // m),

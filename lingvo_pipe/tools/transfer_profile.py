@@ -27,7 +27,14 @@ of an earlier call can be reused, as the pipeline's activations cannot.
 Every boundary of a K-partition split is assumed to cost the same as the
 one measured (one host, one kind of link).
 
-  python -m lingvo_pipe.tools.transfer_profile --cores=0,1
+Data parallelism's all-reduce is measured the same way, `what='all_reduce'`
+(MeasureAllReduce): a tensor of each size made on both devices and summed
+over them by `all_reduce.Sum`, the trainer's exchange, against its twin
+that makes and reads them without summing. That is R=2, where a ring
+sends each device's P bytes once in 2 steps; R copies take 2 (R-1)
+steps and send 2 (R-1) / R P (AllReduceSeconds).
+
+  python -m lingvo_pipe.tools.transfer_profile --cores=0,1 [--what=all_reduce]
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 SIZES = (2**18, 2**21, 2**24)  # 256 KiB, 2 MiB, 16 MiB
 _BFC_ENV = 'TF_CPU_ALLOCATOR_USE_BFC'
@@ -98,31 +105,89 @@ def Measure(src: str, dst: str, sizes: Sequence[int] = SIZES,
 
   remote, local = Fn(src), Fn(dst)
   value = tf.constant(1.0)
+
+  def Call(fn):
+    return lambda size: fn(value, tf.constant([size // 4]))  # float32s
+  return Fit(_Points(Call(remote), Call(local), sizes, num_runs),
+             between=f'{src} -> {dst}')
+
+
+def _Points(measured: Callable[[int], Any], twin: Callable[[int], Any],
+            sizes: Sequence[int], num_runs: int) -> List[Tuple[int, float]]:
+  """(size, median seconds of measured(size) less twin(size)'s), the two
+  called alternately `num_runs` times each after a warm-up."""
   points = []
   for size in sizes:
-    n = tf.constant([size // 4])  # float32 elements
-    times: Dict[str, List[float]] = {'remote': [], 'local': []}
+    times: Tuple[List[float], List[float]] = ([], [])
     for _ in range(num_runs + 1):  # the first of each is a warm-up
-      for name, fn in (('remote', remote), ('local', local)):
+      for fn, out in zip((measured, twin), times):
         start = time.perf_counter()
-        fn(value, n).numpy()
-        times[name].append(time.perf_counter() - start)
-    points.append((size, statistics.median(times['remote'][1:])
-                   - statistics.median(times['local'][1:])))
-  return Fit(points, between=f'{src} -> {dst}')
+        fn(size).numpy()
+        out.append(time.perf_counter() - start)
+    points.append((size, statistics.median(times[0][1:])
+                   - statistics.median(times[1][1:])))
+  return points
+
+
+def MeasureAllReduce(devices: Sequence[str], sizes: Sequence[int] = SIZES,
+                     num_runs: int = 7) -> TransferCost:
+  """What summing a tensor of each size over two devices costs, both
+  copies getting the sum (module docstring), in this process."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import all_reduce  # pylint: disable=g-import-not-at-top
+  pair = list(devices)[:2]
+
+  def Fn(exchange: bool):
+    # The collective needs its shape when traced: `size` is a Python int,
+    # one trace per size.
+    def Call(value, size):
+      made = []
+      for d in pair:
+        with tf.device(d):
+          made.append(tf.fill([size // 4], value))  # float32 elements
+      if exchange:
+        made = [all_reduce.Sum([x], pair, d, ('transfer_profile', size))[0]
+                for x, d in zip(made, pair)]
+      totals = []
+      for x, d in zip(made, pair):
+        with tf.device(d):
+          totals.append(tf.reduce_sum(x))
+      with tf.device(pair[0]):
+        return tf.add_n(totals)
+    return tf.function(Call, autograph=False)
+
+  summed, alone = Fn(True), Fn(False)
+  value = tf.constant(1.0)
+  return Fit(_Points(lambda size: summed(value, size),
+                     lambda size: alone(value, size), sizes, num_runs),
+             between=f'all-reduce over {pair[0]} and {pair[1]}')
+
+
+def AllReduceSeconds(cost: TransferCost, param_bytes: int,
+                     num_replicas: int) -> float:
+  """The all-reduce of `param_bytes` over `num_replicas` copies, from
+  `cost` measured over two (module docstring): 0 for one copy."""
+  r = num_replicas
+  if r < 2 or not param_bytes:
+    return 0.0
+  return (cost.latency_s * (r - 1) +
+          cost.seconds_per_byte * param_bytes * 2 * (r - 1) / r)
 
 
 def MeasureBetweenCores(cores: Sequence[int], num_runs: int = 7,
-                        timeout: float = 600.0) -> TransferCost:
+                        timeout: float = 600.0,
+                        what: str = 'transfer') -> TransferCost:
   """The cost between two worker servers pinned to cores[0] and cores[1]
-  (module docstring); a zero cost for fewer than two cores."""
+  (module docstring) of a hand-off (`what='transfer'`) or of an
+  all-reduce (`'all_reduce'`); a zero cost for fewer than two cores."""
   cores = list(cores)
   if len(cores) < 2:
     return TransferCost(between='one device: nothing crosses')
   env = dict(os.environ)
   env.pop(_BFC_ENV, None)  # the workers run with TF's default allocator
   command = [sys.executable, '-m', 'lingvo_pipe.tools.transfer_profile',
-             f'--cores={cores[0]},{cores[1]}', f'--num_runs={num_runs}']
+             f'--cores={cores[0]},{cores[1]}', f'--num_runs={num_runs}',
+             f'--what={what}']
   try:
     child = subprocess.run(command, capture_output=True, text=True,
                            timeout=timeout, env=env)
@@ -140,15 +205,21 @@ def MeasureBetweenCores(cores: Sequence[int], num_runs: int = 7,
   return TransferCost(**json.loads(child.stdout.strip().splitlines()[-1]))
 
 
-def _OnWorkers(cores: List[int], num_runs: int) -> TransferCost:
+def _OnWorkers(cores: List[int], num_runs: int,
+               what: str = 'transfer') -> TransferCost:
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import local_workers  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory(prefix='transfer_') as logs:
     with local_workers.LocalWorkers(2, logs, cores=cores) as workers:
       names = cluster.Connect(cluster.ParseClusterSpec(workers.spec))
-      cost = Measure(names[0], names[1], num_runs=num_runs)
+      if what == 'all_reduce':
+        cost = MeasureAllReduce(names[:2], num_runs=num_runs)
+      else:
+        cost = Measure(names[0], names[1], num_runs=num_runs)
+  kind = 'all-reduce over ' if what == 'all_reduce' else ''
   return dataclasses.replace(
-      cost, between=f'worker servers on cores {cores[0]} and {cores[1]}')
+      cost, between=f'{kind}worker servers on cores {cores[0]} and '
+      f'{cores[1]}')
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -159,6 +230,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                       help='Two cores of this host, e.g. 0,1: the cost '
                       'between worker servers pinned to them.')
   parser.add_argument('--num_runs', type=int, default=7)
+  parser.add_argument('--what', default='transfer',
+                      choices=['transfer', 'all_reduce'],
+                      help='A hand-off from one worker to the other, or '
+                      'the all-reduce of a tensor over both.')
   args = parser.parse_args(argv)
   try:
     cores = [int(c) for c in args.cores.split(',')]
@@ -177,8 +252,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                  f'cores ({err}); give cores of this machine.')
   from lingvo_pipe.core import quiet  # pylint: disable=g-import-not-at-top
   quiet.ImportTensorFlow()
-  cost = _OnWorkers(cores, args.num_runs)
-  print(f'transfer: {cost}', file=sys.stderr)
+  cost = _OnWorkers(cores, args.num_runs, args.what)
+  print(f'{args.what}: {cost}', file=sys.stderr)
   print(json.dumps(dataclasses.asdict(cost)), flush=True)
 
 

@@ -416,6 +416,68 @@ class TransferTest(absltest.TestCase):
     self.assertEqual(free.step_s, step_model.StepSeconds(fwd, bwd, 2))
     self.assertIn('Hand-offs between partitions counted as free', str(free))
 
+  def testAllReduceOverRCopiesFromTwo(self):
+    cost = transfer_profile.TransferCost(latency_s=0.002,
+                                         seconds_per_byte=1e-3 / MIB,
+                                         measured=True)
+    seconds = transfer_profile.AllReduceSeconds
+    self.assertEqual(seconds(cost, 8 * MIB, 1), 0.0)  # one copy
+    self.assertEqual(seconds(cost, 0, 4), 0.0)  # nothing to sum
+    # Two copies: as measured. R copies: 2 ring steps and
+    # 2 (R-1) / R of the bytes sent.
+    self.assertAlmostEqual(seconds(cost, 8 * MIB, 2), 0.002 + 0.008,
+                           places=12)
+    self.assertAlmostEqual(seconds(cost, 8 * MIB, 4), 3 * 0.002 + 0.012,
+                           places=12)
+
+  def testReplicasAllReduceEachStageAfterItsLastBackward(self):
+    profiles = [_Profile(i, 0.5, 1.0, act=1, params=4) for i in range(4)]
+    cost = transfer_profile.TransferCost(latency_s=0.0,
+                                         seconds_per_byte=0.1 / MIB,
+                                         measured=True)
+    two = plan.Exchange(2, cost)
+    for k in (1, 2):
+      alone = plan.Evaluate('x', profiles, 8, k, 4)
+      summed = plan.Evaluate('x', profiles, 8, k, 4, exchange=two)
+      self.assertEqual(summed.bounds, alone.bounds)
+      stage_bytes = [4 * MIB * (b - a)
+                     for a, b in zip(summed.bounds, summed.bounds[1:])]
+      self.assertEqual(summed.all_reduce_s,
+                       [two.Seconds(b) for b in stage_bytes])
+      self.assertEqual(alone.all_reduce_s, [])
+      table = schedule.WithAllReduce(schedule.Make('gpipe', k, 4))
+      sim = schedule.Simulate(
+          table, [p.forward_s for p in summed.partitions],
+          [p.backward_s for p in summed.partitions],
+          all_reduce_s=summed.all_reduce_s)
+      self.assertEqual(summed.step_s, sim.step)
+      self.assertIn('All-reduce over the 2 copies', str(summed))
+      self.assertIn('per replica of 2', str(summed))
+    # K=1: the sum comes after the only backward, all of it in the step.
+    one = plan.Evaluate('x', profiles, 8, 1, 4)
+    self.assertAlmostEqual(
+        plan.Evaluate('x', profiles, 8, 1, 4, exchange=two).step_s,
+        one.step_s + two.Seconds(16 * MIB), places=12)
+    # K=2: the last stage's sum runs while stage 0 is still in backward.
+    two_k = plan.Evaluate('x', profiles, 8, 2, 4, exchange=two)
+    base = plan.Evaluate('x', profiles, 8, 2, 4)
+    self.assertLess(two_k.step_s,
+                    base.step_s + sum(two_k.all_reduce_s) - 1e-9)
+    # Not measured (one device): free, and the report says so.
+    self.assertIn('All-reduce over the 2 copies counted as free', str(
+        plan.Evaluate('x', profiles, 8, 1, 4, exchange=plan.Exchange(
+            2, transfer_profile.TransferCost(between='one device')))))
+
+  def testAllReduceMeasuredOverTwoDevicesOfThisProcess(self):
+    names = devices.SplitCpu(4)
+    cost = transfer_profile.MeasureAllReduce(names[:2], sizes=(2**16, 2**18),
+                                             num_runs=1)
+    self.assertTrue(cost.measured)
+    self.assertGreaterEqual(cost.latency_s, 0.0)
+    self.assertGreaterEqual(cost.seconds_per_byte, 0.0)
+    self.assertIn(names[0], cost.between)
+    self.assertEqual(plan.MeasureAllReduce(1).between, 'one replica')
+
 
 class SuggestTest(absltest.TestCase):
 
@@ -674,6 +736,20 @@ class CommandLineTest(absltest.TestCase):
       self.assertIn('traced gradient only', report)
     else:
       self.assertNotIn('traced gradient only', report)
+
+  def testPlansEachReplicaAndItsAllReduce(self):
+    report = plan.Main([
+        '--model=image.synthetic.ResNetTinyGPipe', '--num_partitions=1',
+        '--num_micro_batches=2', '--schedule=gpipe', '--num_timing_runs=1',
+        '--model_params_override=task.train.num_replicas : 2'])
+    # Each replica: half the batch of 32; the exchange measured here
+    # between two logical CPUs.
+    self.assertIn('M=2 micro-batches of 8 (batch 16)', report)
+    self.assertIn('per replica of 2', report)
+    self.assertRegex(report, r"All-reduce over the 2 copies after each "
+                     r"stage's last backward: stage 0 [\d.]+ ms; measured "
+                     r'[\d.]+ ms \+ [\d.]+ ms/MiB \(all-reduce over '
+                     r'/device:CPU:0 and /device:CPU:1\)')
 
   def testRefinedPartitionsAreTheirLayersMeasuredWhole(self):
     pipe = model_pipeline.FromRegistry('image.synthetic.ResNetTinyGPipe')
