@@ -650,8 +650,10 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
   profiles = {m: ProfileAt(pipe, m, num_runs, recompute) for m in ms}
   num_devices = num_devices or (len(cores) if cores else
                                 devices_lib.NumCores())
+  # Every replica's pipeline has its own K devices.
+  per_replica = max(num_devices // pipe.num_replicas, 1)
   ks = [num_partitions] if num_partitions else list(
-      range(1, min(num_devices, n // v) + 1))
+      range(1, min(per_replica, n // v) + 1))
   transfer = MeasureTransfer(max(ks), cores)
   exchange = Exchange(pipe.num_replicas,
                       MeasureAllReduce(pipe.num_replicas, cores))
@@ -685,7 +687,8 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--memory_budget', default='',
                       help='Per device, e.g. 2GiB; empty: no limit.')
   parser.add_argument('--num_devices', type=int, default=0,
-                      help='Devices K may use when suggested; 0: the cores.')
+                      help='Devices of all replicas together (K x R) when K '
+                      'is suggested; 0: the cores.')
   parser.add_argument('--recompute', default='',
                       choices=['', 'always', 'except_last', 'never'],
                       help="Recompute mode; empty: the model's.")

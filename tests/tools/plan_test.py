@@ -750,6 +750,12 @@ class CommandLineTest(absltest.TestCase):
                      r"stage's last backward: stage 0 [\d.]+ ms; measured "
                      r'[\d.]+ ms \+ [\d.]+ ms/MiB \(all-reduce over '
                      r'/device:CPU:0 and /device:CPU:1\)')
+    # Two devices for two replicas: each replica's pipeline gets one.
+    suggested = plan.Main([
+        '--model=image.synthetic.ResNetTinyGPipe', '--num_devices=2',
+        '--num_micro_batches=2', '--schedule=gpipe', '--num_timing_runs=1',
+        '--model_params_override=task.train.num_replicas : 2'])
+    self.assertIn(': K=1 partitions, M=2', suggested.splitlines()[0])
 
   def testRefinedPartitionsAreTheirLayersMeasuredWhole(self):
     pipe = model_pipeline.FromRegistry('image.synthetic.ResNetTinyGPipe')
