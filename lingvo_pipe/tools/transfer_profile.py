@@ -146,7 +146,8 @@ def MeasureAllReduce(devices: Sequence[str], sizes: Sequence[int] = SIZES,
         with tf.device(d):
           made.append(tf.fill([size // 4], value))  # float32 elements
       if exchange:
-        made = [all_reduce.Sum([x], pair, d, ('transfer_profile', size))[0]
+        key = ('transfer_profile', tuple(pair), size)
+        made = [all_reduce.Sum([x], pair, d, key)[0]
                 for x, d in zip(made, pair)]
       totals = []
       for x, d in zip(made, pair):
