@@ -3,11 +3,12 @@
   .venv/bin/python -m bench.scaling.run replicas [--rounds=10] [--warmup=2]
       [--core_rounds=5] [--parts=01234] [--json_out=FILE]
 
-Part 1, two workers, task i pinned to core i (`LocalWorkers`): one client
-times one training step (`BaseTask.TrainStep`: forward, loss, gradients,
-each stage's all-reduce over the replicas' copies, SGD update of every
-copy) of bench/common's stack in every configuration, interleaved over
-rounds, every micro-batch of the same size (batch / 8):
+Part 1, two workers, task i pinned to core i (`LocalWorkers`): one
+client times one training step (`BaseTask.TrainStep` in one pass:
+forward, loss, gradients, each stage's all-reduce over the replicas'
+copies, SGD update of every copy) of bench/common's stack in every
+configuration, interleaved over rounds, every micro-batch of the same
+size (batch / 8):
 
   R=1 K=1 M=8   one replica, one partition, on task 0
   R=2 K=1 M=8   replica r on task r: half the batch, M / R = 4 each
@@ -28,11 +29,11 @@ and added on task 0, for r = 1 .. R-1).
 
 Part 3, the two pinned workers again: the cost of the exchange alone.
 Each worker holds a vector of the stack's P parameters (float32) and the
-two are summed, in 4 MiB buckets, by (a) `all_reduce.Sum`
-(TensorFlow's CollectiveReduce, what the trainer runs) and by (b) the
-same reduce-scatter and all-gather written as placed ops (chunk c of
-every copy sent to task c and summed there, the sum sent back), which
-the runtime moves with its graph Send/Recv. Per call, interleaved over
+two are summed, in 4 MiB slices, by (a) `all_reduce.Sum` (TensorFlow's
+CollectiveReduce, what a task trained through FProp runs) and by (b)
+`all_reduce.PlacedSum` (reduce-scatter and all-gather as placed ops,
+which the runtime moves with its graph Send/Recv: what one-pass training
+runs, the task here included). Per call, interleaved over
 rounds: wall time, each worker's CPU time and the bytes it sends; every
 copy's sums are checked equal to the exact total.
 
@@ -80,6 +81,7 @@ from lingvo_pipe.core import layers  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 from lingvo_pipe.core import optimizer  # noqa: E402
 from lingvo_pipe.core import step_trace  # noqa: E402
+from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
 
 # Targets (issue text): R=2 K=1 against the independent models and the
 # ideal 2x; the exchange the backward does not hide; bytes R=4 / R=2.
@@ -101,7 +103,8 @@ def _Label(config: Config) -> str:
 
 
 class StackTask(base_model.BaseTask):
-  """bench/common's stack as a task: loss = mean(vec ** 2), SGD."""
+  """bench/common's stack as a task: loss = mean(vec ** 2), SGD; trained
+  in one pass, as the built-in tasks are (OnePassTraining)."""
 
   @classmethod
   def Params(cls):
@@ -119,6 +122,14 @@ class StackTask(base_model.BaseTask):
   def ComputeLoss(self, theta, predictions, batch):
     loss = tf.reduce_mean(tf.square(predictions.vec))
     return {'loss': (loss, tf.constant(float(batch.vec.shape[0])))}, None
+
+  def OnePassTraining(self, theta, batch):
+    def Head(unused_head_theta, out, micro_batch):
+      return self.ComputeLoss(None, out, micro_batch)[0]
+    return base_model.OnePass(
+        network=self.pipe, theta=theta.pipe, inputs=batch, head=Head,
+        head_theta=NestedMap(), head_batch=NestedMap(vec=batch.vec),
+        loss_weight=tf.constant(float(batch.vec.shape[0]), tf.float64))
 
 
 def _Task(stack: stack_lib.Stack, config: Config,
@@ -257,30 +268,6 @@ def _BytesClient(args: argparse.Namespace, names: List[str],
   return out
 
 
-def _PlacedSum(copies: List[tf.Tensor], names: List[str]) -> List[tf.Tensor]:
-  """Part 3 (b): one flat bucket summed over its copies (copy r on
-  names[r]) by placed ops; every copy's result holds the same bits."""
-  size = copies[0].shape.num_elements()
-  r_count = len(copies)
-  sizes = [size // r_count + (c < size % r_count) for c in range(r_count)]
-  chunks = []
-  for r, x in enumerate(copies):
-    with tf.device(names[r]):
-      chunks.append(tf.split(x, sizes))
-  totals = []
-  for c in range(r_count):
-    with tf.device(names[c]):
-      total = chunks[0][c]
-      for r in range(1, r_count):
-        total = total + chunks[r][c]
-      totals.append(total)
-  out = []
-  for r in range(r_count):
-    with tf.device(names[r]):
-      out.append(tf.concat(totals, 0))
-  return out
-
-
 def _ExchangeClient(args: argparse.Namespace, names: List[str],
                     pids: List[int]) -> Dict[str, dict]:
   stack = stack_lib.Stack()
@@ -300,8 +287,7 @@ def _ExchangeClient(args: argparse.Namespace, names: List[str],
         with tf.device(names[r]):
           parts.append([v[a:b] for a, b in zip(edges, edges[1:])])
       if placed:
-        sums = list(zip(*[_PlacedSum(list(bucket_copies), names[:2])
-                          for bucket_copies in zip(*parts)]))
+        sums = all_reduce.PlacedSum(parts, names[:2])
       else:
         sums = [all_reduce.Sum(parts[r], names[:2], names[r], 'bench')
                 for r in range(2)]
@@ -312,8 +298,8 @@ def _ExchangeClient(args: argparse.Namespace, names: List[str],
       return tf.reduce_all(tf.stack(out))
     return tf.function(Run, autograph=False)
 
-  runs = {'CollectiveReduce (all_reduce.Sum)': Exchange(False),
-          'placed ops (graph Send/Recv)': Exchange(True)}
+  runs = {'CollectiveReduce (all_reduce.Sum, FProp)': Exchange(False),
+          'placed ops (all_reduce.PlacedSum, one pass)': Exchange(True)}
   out = {label: {'times': [], 'worker_cpu': [], 'sent': [],
                  'params_bytes': size * 4} for label in runs}
   for label, run in runs.items():
@@ -338,7 +324,6 @@ def _ExchangeClient(args: argparse.Namespace, names: List[str],
 def _PlanChild(args: argparse.Namespace) -> Dict[str, dict]:
   """Part 4: the planner's prediction of each part-1 configuration."""
   from lingvo_pipe.core import devices  # pylint: disable=g-import-not-at-top
-  from lingvo_pipe.core.nested_map import NestedMap  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tools import model_pipeline  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tools import plan  # pylint: disable=g-import-not-at-top
   plan.SetUpProcess()

@@ -1,35 +1,43 @@
-"""Summing a stage's gradient over its R mirrored copies: TF's collective ops.
+"""Summing a stage's gradient over its R mirrored copies.
 
 With R data-parallel replicas, partition k of every pipeline has a copy
 of its variables on each replica's device k (`replicas.Mirrors`). After
 the stage's last backward on a device, its gradient sums are all-reduced
 over the R devices that hold the copies, and every copy gets the same
-sum (an A action of the schedule's table, `schedule.WithAllReduce`):
+sum (an A action of the schedule's table, `schedule.WithAllReduce`).
+Leaves go in buckets of about BUCKET_BYTES, one dtype each, each bucket
+flattened into one vector per copy. Each device sends 2 (R-1) / R of the
+stage's bytes, whatever R. Two ways (docs/DESIGN.md section 14):
 
-  bucket the leaves, about BUCKET_BYTES each, one dtype per bucket
-  per bucket:  concat(reshape(leaf, [-1])) --CollectiveReduce(Add)-->
-               split and reshape back
+  PlacedSum   placed ops: chunk c of every copy's vector goes to device c
+              and is added there in replica order (reduce-scatter); every
+              device gathers the R sums (all-gather); the runtime moves
+              them with its graph Send/Recv. It needs every replica's
+              sums in one place of the trace: `Exchange` collects the
+              replicas' traces and builds the sums when the last arrives.
+              One-pass training (pipeline_run.PipelineRun.Train) reads
+              them in its gradient, after every replica is traced.
+  Sum         TensorFlow's `CollectiveReduce` (ring; on GPUs the runtime
+              may pick NCCL): each replica's trace emits its own, matched
+              by keys (the group key names the set of devices, the
+              instance key the (pipeline, stage, bucket, call)). Through
+              FProp each replica's backward runs inside its own gradient
+              call, which cannot wait for the others': it uses this.
 
-`CollectiveReduce` is TensorFlow's ring all-reduce (gRPC between tasks,
-in-process between local devices; on GPUs the runtime may pick NCCL).
-Each device sends and receives 2 (R-1)/R of the stage's bytes, whatever
-R. Every copy runs the same reduction with the same keys: the group key
-names the set of devices, the instance key the (pipeline, stage,
-bucket, call), both the same integers in every replica's trace.
-
-Two facts measured here decide the form (docs/DESIGN.md section 14):
-the ops sit in the step's own graph (inside a `_noinline` function the
-instances never meet and time out), and the first version,
-`CollectiveReduce`, is used: `CollectiveReduceV2` timed out between our
-single client's servers. The stage's last backward is one call, so its
-sums are all there at once; buckets make the exchange quicker (24 MiB
-between two servers: 34 ms in 4 MiB buckets, 44 ms whole).
+Measured on two pinned CPU workers (bench/scaling replicas, part 3), the
+same 24 MiB cost each worker 20-30 ms of CPU by placed ops and 45-50 ms
+by the collective. Facts that decide the collective's form: it sits in
+the step's own graph (inside a `_noinline` function the instances never
+meet and time out), and the first version, `CollectiveReduce`, is used:
+`CollectiveReduceV2` timed out between our single client's servers.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+import weakref
+from typing import (Any, Callable, Dict, Hashable, List, Optional, Sequence,
+                    Tuple)
 
 import tensorflow as tf
 
@@ -106,3 +114,88 @@ def Sum(leaves: Sequence[Optional[tf.Tensor]], devices: Sequence[str],
       for i, piece, t in zip(idx, pieces, parts):
         out[i] = tf.reshape(piece, t.shape)
   return out
+
+
+def PlacedSum(copies: Sequence[Sequence[Optional[tf.Tensor]]],
+              devices: Sequence[str]) -> List[List[Optional[tf.Tensor]]]:
+  """Each leaf summed over its R copies (copy r's leaves on devices[r]),
+  as placed ops: per bucket, chunk c of every copy goes to devices[c] and
+  is summed there in replica order (reduce-scatter), and every device
+  gathers the R sums (all-gather). Each device sends 2 (R-1) / R of the
+  bytes, as a ring does, in two steps; the runtime moves them with its
+  graph Send/Recv. Every copy's result holds the same bits."""
+  r_count = len(copies)
+  out = [list(leaves) for leaves in copies]
+  if r_count == 1:
+    return out
+  with tf.name_scope('all_reduce'):
+    for idx in Buckets(copies[0]):
+      shapes = [copies[0][i].shape for i in idx]
+      sizes = [s.num_elements() for s in shapes]
+      total = sum(sizes)
+      chunks = [total // r_count + (c < total % r_count)
+                for c in range(r_count)]
+      parts = []
+      for r, leaves in enumerate(copies):
+        with tf.device(devices[r]):
+          flat = [tf.reshape(leaves[i], [-1]) for i in idx]
+          parts.append(tf.split(flat[0] if len(flat) == 1 else
+                                tf.concat(flat, 0), chunks))
+      sums = []
+      for c in range(r_count):
+        with tf.device(devices[c]):
+          acc = parts[0][c]
+          for r in range(1, r_count):
+            acc = acc + parts[r][c]
+          sums.append(acc)
+      for r in range(r_count):
+        with tf.device(devices[r]):
+          pieces = tf.split(tf.concat(sums, 0), sizes)
+          for i, piece, shape in zip(idx, pieces, shapes):
+            out[r][i] = tf.reshape(piece, shape)
+  return out
+
+
+class Exchange:
+  """One trace's all-reduce of a stage's sums by placed ops (PlacedSum),
+  whose R replicas are traced one after another: each replica registers
+  its sums (`Add`); when the last one does, the sums are built for all,
+  and each replica's `done` callback gets its result. Every replica's
+  sums are needed in one place of the trace, which a collective, matched
+  by keys, does not need."""
+
+  def __init__(self, num_replicas: int, devices: Sequence[str]):
+    self._devices = list(devices)
+    self._num = num_replicas
+    self._leaves: Dict[int, List[Optional[tf.Tensor]]] = {}
+    self._done: Dict[int, Callable[[List[Optional[tf.Tensor]]], None]] = {}
+    self.results: Dict[int, List[Optional[tf.Tensor]]] = {}
+
+  def Add(self, replica: int, leaves: Sequence[Optional[tf.Tensor]],
+          done: Callable[[List[Optional[tf.Tensor]]], None]) -> None:
+    if replica in self._leaves:
+      raise ValueError(f'replica {replica} added its sums twice')
+    self._leaves[replica] = list(leaves)
+    self._done[replica] = done
+    if len(self._leaves) == self._num:
+      sums = PlacedSum([self._leaves[r] for r in range(self._num)],
+                       self._devices)
+      for r in range(self._num):
+        self.results[r] = sums[r]
+        self._done[r](sums[r])
+
+
+# Per traced graph (weakly: a graph's exchanges go with it).
+_EXCHANGES: 'weakref.WeakKeyDictionary[Any, Dict[Hashable, Exchange]]' = (
+    weakref.WeakKeyDictionary())
+
+
+def ExchangeOf(graph: Any, key: Hashable, num_replicas: int,
+               devices: Sequence[str]) -> Exchange:
+  """The Exchange of `key` in `graph`, the trace every replica's sums are
+  in, made by the first replica that asks."""
+  with _LOCK:
+    mine = _EXCHANGES.setdefault(graph, {})
+    if key not in mine:
+      mine[key] = Exchange(num_replicas, devices)
+    return mine[key]

@@ -11,7 +11,8 @@ action produced:
                 s = S-1 and a loss:  dy[S-1][m] = stage.Loss(m, y)
       B(s, m):  dx = stage.Backward(s, m, dy[s][m])     dy[s-1][m] = dx
       W(s, m):  stage.Weight(s, m)   (tables that split the backward)
-      A(s):     stage.AllReduce(s)   (replicas: sum over the stage's copies)
+      A(s):     stage.AllReduce(s, done)   (replicas: the stage's sums over
+                                           its copies, to `done`)
     last[d] = the action's outputs   (not an A's: the device goes on with
                                       its next action while it runs)
 
@@ -29,7 +30,8 @@ it (input_gradient.py).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import (Any, Callable, Dict, List, Optional, Protocol, Sequence,
+                    Tuple)
 
 import tensorflow as tf
 
@@ -58,8 +60,10 @@ class StageOps(Protocol):
   def Weight(self, s: int, m: int) -> Leaves:
     """W(s, m): the stage's running gradient sums."""
 
-  def AllReduce(self, s: int) -> Leaves:
-    """A(s): the stage's gradient sums, summed over its mirrored copies."""
+  def AllReduce(self, s: int, done: Callable[[Leaves], None]) -> None:
+    """A(s): the stage's gradient sums, summed over its mirrored copies;
+    `done` gets them once they are built (in one pass, when the last
+    replica's trace reaches its A(s))."""
 
 
 @dataclasses.dataclass
@@ -198,8 +202,10 @@ class Engine:
     previous action ends and ends when every sum is in: its length is the
     exchange not hidden behind that action."""
     start = self._Begin(d, list(self._last.get(d, [])), [])
-    sums = self._ops.AllReduce(s)
-    self._Finish(d, schedule.ALL_REDUCE, s, 0, start, sums)
+
+    def Done(sums: Leaves) -> None:
+      self._Finish(d, schedule.ALL_REDUCE, s, 0, start, sums)
+    self._ops.AllReduce(s, Done)
 
   def _Backward(self, d: int, s: int, m: int, dy: Leaves) -> Leaves:
     after = list(self._last.get(d, []))

@@ -229,7 +229,8 @@ class PipelineRun:
     self._head_theta: Leaves = []
     # Replicas (all_reduce.py): per stage, the devices of its R copies;
     # which entry the all-reduces belong to ('fprop' or 'train').
-    self._replicas = layer.num_replicas
+    self._replicas, self._replica = layer.num_replicas, layer.replica
+    self._exchanges: Dict[int, all_reduce.Exchange] = {}
     self._mirror_devices = [list(copies) for copies in zip(
         *[layer.StageDevices(r) for r in range(self._replicas)])]
     self._kind = ''
@@ -389,12 +390,37 @@ class PipelineRun:
     recomputed = out[2] if clock is not None else None
     return list(dx), list(out[1]), recomputed
 
-  def AllReduce(self, s: int) -> Leaves:
-    """A(s) (pipeline_engine.StageOps): stage s's sums over its copies."""
-    self._acc[s] = all_reduce.Sum(
-        self._Zeros(s), self._mirror_devices[s], self._devices[s],
-        (self._layer.path, self._kind, s))
-    return list(self._acc[s])
+  def AllReduce(self, s: int, done: Callable[[Leaves], None]) -> None:
+    """A(s) (pipeline_engine.StageOps): stage s's sums over its copies.
+
+    In one pass (Train) by placed ops (all_reduce.Exchange): the replicas'
+    traces register their sums and the last builds everyone's, which
+    Train's gradient reads once every replica has run. Through FProp each
+    replica's backward runs inside its own gradient call, so its sums go
+    by the collective (all_reduce.Sum), matched by keys.
+    """
+    sums = self._Zeros(s)
+    key = (self._layer.path, self._kind, s)
+    if self._kind == 'train':
+      graph = next(t for t in sums if t is not None).graph
+      self._exchanges[s] = all_reduce.ExchangeOf(
+          graph, key, self._replicas, self._mirror_devices[s])
+      self._exchanges[s].Add(self._replica, sums, done)
+      return
+    self._acc[s] = all_reduce.Sum(sums, self._mirror_devices[s],
+                                  self._devices[s], key)
+    done(list(self._acc[s]))
+
+  def _StageSums(self) -> List[Leaves]:
+    """Every stage's sums; a replicated stage's from its exchange."""
+    for s, exchange in self._exchanges.items():
+      if self._replica not in exchange.results:
+        raise RuntimeError(
+            f"PipeliningLayer '{self._layer.path}': stage {s}'s all-reduce "
+            'is read before every replica was traced; read the gradients '
+            'after the last replica has run.')
+      self._acc[s] = exchange.results[self._replica]
+    return self._acc
 
   def _WithAllReduce(self, table: schedule.Schedule,
                      kind: str) -> schedule.Schedule:
@@ -499,8 +525,7 @@ class PipelineRun:
       self._engine.Run(self._WithAllReduce(table, 'train'), flow,
                        with_loss=True)
       loss, metrics = self._loss.Combine(self._m)
-      grads = (_Concat(flow.input_grads, self._axis, self._devices[0]) +
-               [g for part in self._acc for g in part] + self._loss.grads)
+      dxs = _Concat(flow.input_grads, self._axis, self._devices[0])
 
       def Grad(dloss, *unused_metric_grads, variables=None):
         if variables:
@@ -508,6 +533,10 @@ class PipelineRun:
               f"PipeliningLayer '{self._layer.path}': the loss head reads "
               f'variables {[v.name for v in variables]} directly; pass '
               'them in its head_theta.')
+        # Read here, not above: the replicas' all-reduces are built when
+        # the last replica is traced (AllReduce).
+        grads = (dxs + [g for part in self._StageSums() for g in part] +
+                 self._loss.grads)
         return [_Scaled(g, dloss, device) for g, device in zip(grads,
                                                                devices)]
 

@@ -27,12 +27,13 @@ of an earlier call can be reused, as the pipeline's activations cannot.
 Every boundary of a K-partition split is assumed to cost the same as the
 one measured (one host, one kind of link).
 
-Data parallelism's all-reduce is measured the same way, `what='all_reduce'`
-(MeasureAllReduce): a tensor of each size made on both devices and summed
-over them by `all_reduce.Sum`, the trainer's exchange, against its twin
-that makes and reads them without summing. That is R=2, where a ring
-sends each device's P bytes once in 2 steps; R copies take 2 (R-1)
-steps and send 2 (R-1) / R P (AllReduceSeconds).
+Data parallelism's all-reduce is measured the same way,
+`what='all_reduce'` (MeasureAllReduce): a tensor of each size made on
+both devices and summed over them by `all_reduce.PlacedSum`, the
+exchange of one-pass training, against its twin that makes and reads
+them without summing. That is R=2, where each device sends its P bytes
+once in two messages; with R copies each device sends 2 (R-1) messages
+and 2 (R-1) / R P (AllReduceSeconds).
 
   python -m lingvo_pipe.tools.transfer_profile --cores=0,1 [--what=all_reduce]
 """
@@ -138,7 +139,7 @@ def MeasureAllReduce(devices: Sequence[str], sizes: Sequence[int] = SIZES,
   pair = list(devices)[:2]
 
   def Fn(exchange: bool):
-    # The collective needs its shape when traced: `size` is a Python int,
+    # The buckets need their shapes when traced: `size` is a Python int,
     # one trace per size.
     def Call(value, size):
       made = []
@@ -146,9 +147,8 @@ def MeasureAllReduce(devices: Sequence[str], sizes: Sequence[int] = SIZES,
         with tf.device(d):
           made.append(tf.fill([size // 4], value))  # float32 elements
       if exchange:
-        key = ('transfer_profile', tuple(pair), size)
-        made = [all_reduce.Sum([x], pair, d, key)[0]
-                for x, d in zip(made, pair)]
+        made = [leaves[0] for leaves in all_reduce.PlacedSum(
+            [[x] for x in made], pair)]
       totals = []
       for x, d in zip(made, pair):
         with tf.device(d):

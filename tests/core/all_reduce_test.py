@@ -1,7 +1,8 @@
 """all_reduce: buckets, and the sum over copies on logical CPUs.
 
 Each copy gets every leaf's sum over the copies, bitwise the same on every
-device; buckets close at the byte bound and at a change of dtype.
+device, by the collective (Sum) and by placed ops (PlacedSum, Exchange);
+buckets close at the byte bound and at a change of dtype.
 """
 
 from absl.testing import absltest
@@ -47,6 +48,65 @@ class AllReduceTest(tf.test.TestCase):
       np.testing.assert_allclose(got[0][i], want, rtol=1e-6)
       for copy in got[1:]:
         self.assertEqual(copy[i].tobytes(), got[0][i].tobytes())
+
+  def testPlacedOpsSumEveryLeafInReplicaOrder(self):
+    cpus = devices.SplitCpu(3)
+    rng = np.random.default_rng(1)
+    shapes = ([3, 5], [7], [], [2, 2])
+    values = [[rng.normal(size=shape) for shape in shapes] for _ in cpus]
+
+    @tf.function(autograph=False)
+    def Step():
+      copies = []
+      for device, mine in zip(cpus, values):
+        with tf.device(device):
+          # float32, float64 and None leaves: buckets by dtype.
+          copies.append([tf.constant(mine[0], tf.float32), None,
+                         tf.constant(mine[1], tf.float64),
+                         tf.constant(mine[2], tf.float64),
+                         tf.constant(mine[3], tf.float32)])
+      out = all_reduce.PlacedSum(copies, cpus)
+      for r, copy in enumerate(out):  # each result on its own device
+        for t in copy:
+          if t is not None:
+            self.assertEqual(tf.DeviceSpec.from_string(t.device),
+                             tf.DeviceSpec.from_string(cpus[r]))
+      return out
+
+    got = Step()
+    for r in range(3):
+      self.assertIsNone(got[r][1])
+    for i, dtype in ((0, np.float32), (2, np.float64), (3, np.float64),
+                     (4, np.float32)):
+      v = [values[r][[0, None, 1, 2, 3][i]].astype(dtype) for r in range(3)]
+      want = (v[0] + v[1]) + v[2]  # replica order, as the owner adds
+      self.assertEqual(got[0][i].numpy().tobytes(), want.tobytes())
+      for r in (1, 2):
+        self.assertEqual(got[r][i].numpy().tobytes(),
+                         got[0][i].numpy().tobytes())
+
+  def testAnExchangeSumsWhenItsLastReplicaArrives(self):
+    cpus = devices.SplitCpu(3)[:2]
+    done = {}
+
+    @tf.function(autograph=False)
+    def Step():
+      exchange = all_reduce.Exchange(2, cpus)
+      with tf.device(cpus[0]):
+        exchange.Add(0, [tf.constant([1.0, 2.0])],
+                     lambda sums: done.setdefault(0, sums))
+      self.assertEqual((exchange.results, done), ({}, {}))
+      with tf.device(cpus[1]):
+        exchange.Add(1, [tf.constant([10.0, 20.0])],
+                     lambda sums: done.setdefault(1, sums))
+      self.assertEqual(sorted(done), [0, 1])
+      with self.assertRaisesRegex(ValueError, 'replica 1 added its sums '
+                                  'twice'):
+        exchange.Add(1, [tf.constant([0.0, 0.0])], lambda sums: None)
+      return exchange.results[0][0], exchange.results[1][0]
+
+    for copy in Step():
+      self.assertAllEqual(copy, [11.0, 22.0])
 
   def testOneCopyIsLeftAlone(self):
     x = tf.constant([1.0, 2.0])

@@ -114,20 +114,26 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllClose(moving.numpy(), 0.5 * rows.mean(axis=0),
                         atol=_TOL, rtol=0)
 
-  def testEachReplicaRunsOnItsDevicesWithItsCopies(self):
-    task = _Task(2, 4, 2)
+  @parameterized.parameters(False, True)
+  def testEachReplicaRunsOnItsDevicesWithItsCopies(self, one_pass):
+    task = _Task(2, 4, 2, one_pass=one_pass)
     graph = tf.function(task.Gradients, autograph=False).get_concrete_function(
         replica_task.Batch()).graph
-    calls, reduces = {}, set()
+    calls, collectives, placed_sums = {}, set(), set()
     for op in graph.get_operations():
       index = tf.DeviceSpec.from_string(op.device or '/device:CPU:0')
       if op.type.endswith('PartitionedCall') and '/fwd_' in op.name:
         calls.setdefault(op.name.split('/')[0][:len('replica_0')], set()).add(
             index.device_index)
       if op.type == 'CollectiveReduce':
-        reduces.add(index.device_index)
+        collectives.add(index.device_index)
+      if op.type == 'AddV2' and '/all_reduce/' in op.name:
+        placed_sums.add(index.device_index)
     self.assertEqual(calls, {'replica_0': {0, 1}, 'replica_1': {2, 3}})
-    self.assertEqual(reduces, {0, 1, 2, 3})  # each stage on each replica
+    # Each stage's sums on each replica's device: by placed ops in one
+    # pass (chunk r summed on replica r's device), else by the collective.
+    self.assertEqual(placed_sums if one_pass else collectives, {0, 1, 2, 3})
+    self.assertEqual(collectives if one_pass else placed_sums, set())
     for var in task.vars.Flatten():  # the checkpoint's: replica 0's
       self.assertIn(tf.DeviceSpec.from_string(var.device).device_index,
                     (0, 1))
