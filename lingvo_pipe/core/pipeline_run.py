@@ -401,6 +401,9 @@ class PipelineRun:
     """
     sums = self._Zeros(s)
     key = (self._layer.path, self._kind, s)
+    if not any(t is not None for t in sums):  # a stage with no weights
+      done(list(sums))
+      return
     if self._kind == 'train':
       graph = next(t for t in sums if t is not None).graph
       self._exchanges[s] = all_reduce.ExchangeOf(
