@@ -196,6 +196,26 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase):
     unstarted = replica_task.TaskParams(1, 2, 2, devices=_Cpus(2)).Instantiate()
     with self.assertRaisesRegex(RuntimeError, 'call CreateTrainState'):
       tf.function(unstarted.Gradients, autograph=False)(replica_task.Batch())
+    # In one pass a replica's gradient waits for every replica's trace.
+    alone = _Task(1, 2, 2, one_pass=True)
+
+    @tf.function(autograph=False)
+    def OneReplicaOfTwo(batch):
+      alone.SetReplica(0, 2)
+      try:
+        plan = alone.OnePassTraining(alone.theta, batch)
+        with tf.GradientTape() as tape:
+          metrics = plan.network.FPropWithLoss(
+              plan.theta, plan.inputs, plan.head, plan.head_theta,
+              plan.head_batch, plan.loss_weight)
+        return tape.gradient(metrics.loss[0], alone.vars.Flatten())
+      finally:
+        alone.SetReplica(0, 1)
+    with self.assertRaisesRegex(RuntimeError, "'task/pipe': stage 0's "
+                                'all-reduce is read before every replica '
+                                'was traced'):
+      OneReplicaOfTwo(NestedMap(replica_task.Batch(size=4),
+                                example_keys=tf.range(4, dtype=tf.int64)))
 
   def testNumDevicesNeededCountsReplicas(self):
     p = replica_task.TaskParams(2, 2, 3)
