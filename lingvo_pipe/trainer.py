@@ -655,6 +655,10 @@ def _Main(argv) -> None:
   _CatchInterrupts()
   try:
     _Run()
+    # The job is done: what the runtime logs as the process tears down
+    # (a cluster's stopped workers still hold our functions) stays off
+    # the console.
+    _StderrToExitLog()
   except (TrainingStopped, model_registry.UnknownModelError,
           params_text.ParamsTextError,
           FileNotFoundError, local_workers.WorkersFailed,
@@ -683,6 +687,13 @@ def _LastLine(line: str) -> None:
   """
   sys.stdout.flush()
   print(line, file=sys.stderr, flush=True)
+  _StderrToExitLog()
+
+
+def _StderrToExitLog() -> None:
+  """From now on fd 2 goes to <logdir>/exit_stderr.txt (or nowhere)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
   logdir = FLAGS.logdir if FLAGS.is_parsed() else None
   path = (os.path.join(logdir, EXIT_LOG) if logdir and os.path.isdir(logdir)
           else os.devnull)

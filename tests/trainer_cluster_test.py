@@ -67,6 +67,9 @@ class TrainerClusterTest(trainer_testlib.TrainerTestBase):
                        f'--pipeline_trace={trace}',
                        '--model_params_override=task.train.max_steps : 20')
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    # Stopping the workers leaves the runtime's teardown lines in the
+    # logdir, not on the console.
+    self.assertNotIn('remotely', result.stderr)
     spec = _StartedSpec(result.stdout, 4)
     # The measured step: both replicas' tasks, four workers' clocks.
     with open(trace + '.json') as f:
