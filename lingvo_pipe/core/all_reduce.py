@@ -25,7 +25,7 @@ stage's bytes, whatever R. Two ways (docs/DESIGN.md section 14):
               call, which cannot wait for the others': it uses this.
 
 Measured on two pinned CPU workers (bench/scaling replicas, part 3), the
-same 24 MiB cost each worker 20-30 ms of CPU by placed ops and 45-50 ms
+same 24 MiB cost each worker 20-25 ms of CPU by placed ops and 40-50 ms
 by the collective. Facts that decide the collective's form: it sits in
 the step's own graph (inside a `_noinline` function the instances never
 meet and time out), and the first version, `CollectiveReduce`, is used:
