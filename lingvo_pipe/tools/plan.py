@@ -372,30 +372,32 @@ def MeasureTransfer(num_partitions: int,
   devices; nothing to measure with one device (num_partitions: K)."""
   if num_partitions < 2:
     return transfer_profile.TransferCost(between='one partition')
-  if cores:
-    return transfer_profile.MeasureBetweenCores(cores)
-  devs = devices_lib.DefaultDevices()
-  if len(devs) < 2:
-    return transfer_profile.TransferCost(
-        between='not measured: this process has one device')
-  return transfer_profile.Measure(devs[0], devs[1])
+  return _MeasureOnTwoDevices('transfer', cores)
 
 
 def MeasureAllReduce(num_replicas: int,
                      cores: Optional[Sequence[int]] = None
                      ) -> transfer_profile.TransferCost:
-  """What an all-reduce over two of the target's devices costs (as
-  MeasureTransfer: worker servers pinned to the first two `cores`, else
-  this process's first two devices); nothing to measure with R = 1."""
+  """What an all-reduce over two of the target's devices costs, measured
+  where MeasureTransfer measures; nothing to measure with R = 1."""
   if num_replicas < 2:
     return transfer_profile.TransferCost(between='one replica')
+  return _MeasureOnTwoDevices('all_reduce', cores)
+
+
+def _MeasureOnTwoDevices(what: str, cores: Optional[Sequence[int]]
+                         ) -> transfer_profile.TransferCost:
+  """transfer_profile's `what` on worker servers pinned to the first two
+  `cores`, else on this process's first two devices."""
   if cores:
-    return transfer_profile.MeasureBetweenCores(cores, what='all_reduce')
+    return transfer_profile.MeasureBetweenCores(cores, what=what)
   devs = devices_lib.DefaultDevices()
   if len(devs) < 2:
     return transfer_profile.TransferCost(
         between='not measured: this process has one device')
-  return transfer_profile.MeasureAllReduce(devs[:2])
+  if what == 'all_reduce':
+    return transfer_profile.MeasureAllReduce(devs[:2])
+  return transfer_profile.Measure(devs[0], devs[1])
 
 
 def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
