@@ -151,25 +151,34 @@ class TrainerClusterTest(trainer_testlib.TrainerTestBase):
     self.assertEqual([s for s, _ in resumed['loss']],
                      list(range(killed_at + 10, killed_at + 21, 10)))
 
-  def testFrozenWorkerStopsTheTrainer(self):
-    """SIGSTOP: the call hangs in TensorFlow; the watchdog ends the run."""
+  def _StopAWorkerMidRun(self, num_workers, task, sig, *flags):
+    """Trains on `num_workers` servers until a checkpoint, sends `sig` to
+    worker `task`, and waits for the trainer: (workers, its stderr). The
+    trainer must stop by itself within 60 s, status 1, no traceback."""
     logdir = self.create_tempdir().full_path
-    workers = local_workers.LocalWorkers(2, os.path.join(logdir, 'workers'))
+    workers = local_workers.LocalWorkers(num_workers,
+                                         os.path.join(logdir, 'workers'))
     self.addCleanup(workers.Stop)
     workers.Start()
     proc = subprocess.Popen(
-        self._Command(logdir, f'--cluster_spec={workers.spec}',
+        self._Command(logdir, f'--cluster_spec={workers.spec}', *flags,
                       '--model_params_override=task.train.max_steps : 5000'),
         env=self._Env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True)
     self._WaitForCheckpoint(proc, logdir, 20)
-    os.kill(workers.pids[1], signal.SIGSTOP)
-    self.addCleanup(os.kill, workers.pids[1], signal.SIGCONT)
-    frozen = time.time()
+    os.kill(workers.pids[task], sig)
+    if sig == signal.SIGSTOP:
+      self.addCleanup(os.kill, workers.pids[task], signal.SIGCONT)
+    stopped = time.time()
     _, err = proc.communicate(timeout=90)
-    self.assertLess(time.time() - frozen, 60)
+    self.assertLess(time.time() - stopped, 60)
     self.assertEqual(proc.returncode, 1, err[-3000:])
     self.assertNotIn('Traceback', err)
+    return workers, err
+
+  def testFrozenWorkerStopsTheTrainer(self):
+    """SIGSTOP: the call hangs in TensorFlow; the watchdog ends the run."""
+    workers, err = self._StopAWorkerMidRun(2, 1, signal.SIGSTOP)
     self.assertRegex(
         err.strip().splitlines()[-1],
         rf'^error: Worker task 1 at {workers.addresses[1]} went away \(no '
@@ -179,25 +188,7 @@ class TrainerClusterTest(trainer_testlib.TrainerTestBase):
   def _StopAPeerOfTheAllReduce(self, sig):
     """R=2 K=2 on four workers; task 3 (replica 1's partition 1) stops:
     replica 0's all-reduce of partition 1 waits on it."""
-    logdir = self.create_tempdir().full_path
-    workers = local_workers.LocalWorkers(4, os.path.join(logdir, 'workers'))
-    self.addCleanup(workers.Stop)
-    workers.Start()
-    proc = subprocess.Popen(
-        self._Command(logdir, f'--cluster_spec={workers.spec}',
-                      '--num_replicas=2',
-                      '--model_params_override=task.train.max_steps : 5000'),
-        env=self._Env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True)
-    self._WaitForCheckpoint(proc, logdir, 20)
-    os.kill(workers.pids[3], sig)
-    if sig == signal.SIGSTOP:
-      self.addCleanup(os.kill, workers.pids[3], signal.SIGCONT)
-    stopped = time.time()
-    _, err = proc.communicate(timeout=90)
-    self.assertLess(time.time() - stopped, 60)
-    self.assertEqual(proc.returncode, 1, err[-3000:])
-    self.assertNotIn('Traceback', err)
+    workers, err = self._StopAWorkerMidRun(4, 3, sig, '--num_replicas=2')
     self.assertEqual(err.strip().count('\n'), 0, err[-3000:])
     self.assertRegex(
         err.strip().splitlines()[-1],
