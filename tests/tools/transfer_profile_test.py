@@ -1,0 +1,69 @@
+"""transfer_profile: the fitted cost line, and the hand-off and all-reduce
+measured between two logical CPUs of this process."""
+
+from absl.testing import absltest
+
+from lingvo_pipe.core import devices
+
+devices.SplitCpu(4)
+
+from lingvo_pipe.tools import transfer_profile  # noqa: E402
+
+MIB = 2**20
+
+
+class TransferProfileTest(absltest.TestCase):
+
+  def testFitIsTheLineThroughThePoints(self):
+    cost = transfer_profile.Fit([(1000, 0.002), (3000, 0.004),
+                                 (5000, 0.006)])
+    self.assertAlmostEqual(cost.latency_s, 0.001, places=12)
+    self.assertAlmostEqual(cost.seconds_per_byte, 1e-6, places=15)
+    self.assertAlmostEqual(cost.Seconds(2000), 0.003, places=12)
+    self.assertEqual(cost.Seconds(0), 0.0)  # nothing crosses, no latency
+    self.assertTrue(cost.measured)
+    self.assertFalse(transfer_profile.TransferCost().measured)
+
+  def testFitClampsAtZero(self):
+    # Noise can make the larger size read faster: no negative cost.
+    cost = transfer_profile.Fit([(1000, 0.004), (3000, 0.002)])
+    self.assertEqual(cost.seconds_per_byte, 0.0)
+    self.assertAlmostEqual(cost.latency_s, 0.003, places=12)
+    self.assertEqual(transfer_profile.Fit([(1, -1.0), (2, -1.0)]).latency_s,
+                     0.0)
+    with self.assertRaisesRegex(ValueError, 'two or more distinct sizes'):
+      transfer_profile.Fit([(1000, 0.002), (1000, 0.003)])
+
+  def testMeasuredBetweenTwoDevicesOfThisProcess(self):
+    names = devices.SplitCpu(4)
+    cost = transfer_profile.Measure(names[0], names[1], num_runs=1)
+    self.assertGreaterEqual(cost.latency_s, 0.0)
+    self.assertGreaterEqual(cost.seconds_per_byte, 0.0)
+    self.assertEqual(cost.between, f'{names[0]} -> {names[1]}')
+
+  def testAllReduceOverRCopiesFromTwo(self):
+    cost = transfer_profile.TransferCost(latency_s=0.002,
+                                         seconds_per_byte=1e-3 / MIB,
+                                         measured=True)
+    seconds = transfer_profile.AllReduceSeconds
+    self.assertEqual(seconds(cost, 8 * MIB, 1), 0.0)  # one copy
+    self.assertEqual(seconds(cost, 0, 4), 0.0)  # nothing to sum
+    # Two copies: as measured. R copies: 2 (R-1) ring steps and
+    # 2 (R-1) / R of the bytes sent.
+    self.assertAlmostEqual(seconds(cost, 8 * MIB, 2), 0.002 + 0.008,
+                           places=12)
+    self.assertAlmostEqual(seconds(cost, 8 * MIB, 4), 3 * 0.002 + 0.012,
+                           places=12)
+
+  def testAllReduceMeasuredOverTwoDevicesOfThisProcess(self):
+    names = devices.SplitCpu(4)
+    cost = transfer_profile.MeasureAllReduce(names[:2], sizes=(2**16, 2**18),
+                                             num_runs=1)
+    self.assertTrue(cost.measured)
+    self.assertGreaterEqual(cost.latency_s, 0.0)
+    self.assertGreaterEqual(cost.seconds_per_byte, 0.0)
+    self.assertIn(names[0], cost.between)
+
+
+if __name__ == '__main__':
+  absltest.main()
