@@ -100,8 +100,7 @@ def Sum(leaves: Sequence[Optional[tf.Tensor]], devices: Sequence[str],
   with tf.device(device), tf.name_scope('all_reduce'):
     for b, idx in enumerate(Buckets(leaves)):
       parts = [leaves[i] for i in idx]
-      flat = (tf.reshape(parts[0], [-1]) if len(parts) == 1 else
-              tf.concat([tf.reshape(t, [-1]) for t in parts], 0))
+      flat = _Flat(parts)
       key = InstanceKey((name, b, tuple(tuple(t.shape.as_list())
                                         for t in parts), flat.dtype.name))
       total = tf.raw_ops.CollectiveReduce(
@@ -109,11 +108,24 @@ def Sum(leaves: Sequence[Optional[tf.Tensor]], devices: Sequence[str],
           instance_key=key, merge_op='Add', final_op='Id',
           subdiv_offsets=[0], communication_hint='ring',
           timeout_seconds=float(timeout_s))
-      sizes = [t.shape.num_elements() for t in parts]
-      pieces = tf.split(total, sizes) if len(parts) > 1 else [total]
-      for i, piece, t in zip(idx, pieces, parts):
-        out[i] = tf.reshape(piece, t.shape)
+      for i, piece in zip(idx, _Unflat(total, [t.shape for t in parts])):
+        out[i] = piece
   return out
+
+
+def _Flat(leaves: Sequence[tf.Tensor]) -> tf.Tensor:
+  """One bucket's leaves as one vector."""
+  if len(leaves) == 1:
+    return tf.reshape(leaves[0], [-1])
+  return tf.concat([tf.reshape(t, [-1]) for t in leaves], 0)
+
+
+def _Unflat(flat: tf.Tensor, shapes: Sequence[tf.TensorShape]
+            ) -> List[tf.Tensor]:
+  """_Flat undone: the vector back in leaves of these shapes."""
+  pieces = (tf.split(flat, [s.num_elements() for s in shapes])
+            if len(shapes) > 1 else [flat])
+  return [tf.reshape(p, s) for p, s in zip(pieces, shapes)]
 
 
 def PlacedSum(copies: Sequence[Sequence[Optional[tf.Tensor]]],
@@ -131,16 +143,13 @@ def PlacedSum(copies: Sequence[Sequence[Optional[tf.Tensor]]],
   with tf.name_scope('all_reduce'):
     for idx in Buckets(copies[0]):
       shapes = [copies[0][i].shape for i in idx]
-      sizes = [s.num_elements() for s in shapes]
-      total = sum(sizes)
+      total = sum(s.num_elements() for s in shapes)
       chunks = [total // r_count + (c < total % r_count)
                 for c in range(r_count)]
       parts = []
       for r, leaves in enumerate(copies):
         with tf.device(devices[r]):
-          flat = [tf.reshape(leaves[i], [-1]) for i in idx]
-          parts.append(tf.split(flat[0] if len(flat) == 1 else
-                                tf.concat(flat, 0), chunks))
+          parts.append(tf.split(_Flat([leaves[i] for i in idx]), chunks))
       sums = []
       for c in range(r_count):
         with tf.device(devices[c]):
@@ -150,9 +159,8 @@ def PlacedSum(copies: Sequence[Sequence[Optional[tf.Tensor]]],
           sums.append(acc)
       for r in range(r_count):
         with tf.device(devices[r]):
-          pieces = tf.split(tf.concat(sums, 0), sizes)
-          for i, piece, shape in zip(idx, pieces, shapes):
-            out[r][i] = tf.reshape(piece, shape)
+          for i, piece in zip(idx, _Unflat(tf.concat(sums, 0), shapes)):
+            out[r][i] = piece
   return out
 
 
