@@ -3,8 +3,10 @@
   .venv/bin/python -m bench.planner.run [--models=transformer,amoebanet]
       [--ks=1,2] [--ms=1,4,8] [--schedules=gpipe,1f1b] [--profile_rounds=3]
       [--rounds=5] [--memory_runs=3] [--parts=memory,time] [--json_out=FILE]
+      [--recompute=always|never]
 
-For each model, (K, M) and schedule, recompute 'always', batch 32:
+For each model, (K, M) and schedule, recompute 'always' (or 'never', which
+ZB-H1 needs: --schedules=gpipe,1f1b,zb_h1), batch 32:
 1. Predicted (a process pinned to core 0 with `taskset`, as each worker
    will be): lingvo_pipe.tools.plan measures every layer once per
    micro-batch size (layer_profile.py) and chooses the split from their
@@ -15,7 +17,9 @@ For each model, (K, M) and schedule, recompute 'always', batch 32:
    and predicts from those the step time (the schedule's table simulated
    with those costs, each boundary's hand-off a delay measured once per
    round between two worker servers on cores 0 and 1:
-   plan.MeasureTransfer) and each partition's step memory (gradients +
+   plan.MeasureTransfer; with 'never' each backward is also measured as
+   ZB-H1's B and W run it, layer_profile's keeps_activations) and each
+   partition's step memory (gradients +
    kept activations, as many micro-batches as the table holds: the peak
    above what stays resident between steps). The table gives the layer
    sums' prediction too, in brackets.
@@ -89,7 +93,8 @@ from lingvo_pipe.core import local_workers  # noqa: E402
 from lingvo_pipe.tools import memory_worker  # noqa: E402
 
 BATCH = 32
-SCHEDULES = ('gpipe', '1f1b')  # one stage per device, as the workers run
+# One stage per device, as the workers run; zb_h1 needs recompute 'never'.
+SCHEDULES = ('gpipe', '1f1b', 'zb_h1')
 
 
 def _Label(k: int, m: int, schedule: str) -> str:
@@ -152,20 +157,23 @@ def _Predict(args: argparse.Namespace) -> None:
   for m in args.ms:
     # The inputs are a constant batch: the pipeline makes no gradient of
     # them, and the profile should not either.
+    # With 'never' partition 0 keeps its activations and, as the
+    # pipeline's does, makes the inputs' gradient (plan.ProfileAt).
+    never = args.recompute == 'never'
     profiles = None if fixed else layer_profile.ProfileLayers(
         layer_ps, shapes(BATCH // m), num_runs=args.timing_runs,
-        input_gradient=False)
+        input_gradient=never, keeps_activations=never)
     refined = {}  # one profile of a split, whatever the schedule
     for k, name in [(k, n) for k in args.ks for n in args.schedules]:
       label, layout = _Label(k, m, name), plan.Layout(name)
       if fixed:
         summed = plan.PlanResult(
             name=args.model, batch_size=BATCH, num_micro_batches=m,
-            recompute='always', bounds=fixed[label]['bounds'],
+            recompute=args.recompute, bounds=fixed[label]['bounds'],
             profiles=[], partitions=[], step_s=0.0, idle=0.0, layout=layout)
       else:
         summed = plan.Evaluate(args.model, profiles, BATCH, k, m,
-                               layout=layout)
+                               args.recompute, layout=layout)
       bounds = tuple(summed.bounds)
       if bounds in refined:
         res = plan.InLayout(refined[bounds], layout)
@@ -178,6 +186,7 @@ def _Predict(args: argparse.Namespace) -> None:
           'step_bytes': [p.step_bytes for p in res.partitions],
           'peak_bytes': [p.peak_bytes for p in res.partitions],
           'fb': [(p.forward_s, p.backward_s) for p in res.partitions],
+          'w': [p.weight_s for p in res.partitions],
           'hop_s': res.hop_s, 'transfer': str(transfer),
           'summed_step_s': summed.step_s,
           'summed_step_bytes': [p.step_bytes for p in summed.partitions]}
@@ -198,12 +207,12 @@ def _StepFn(layer: Any) -> Any:
 
 
 def _Build(model: str, bounds: List[int], m: int, devices: List[str],
-           schedule: str) -> Any:
+           schedule: str, recompute: str) -> Any:
   from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import partitioner  # pylint: disable=g-import-not-at-top
   cells = partitioner.Cells(partitioner.NamedCopies(_Model(model)[0]), bounds)
   layer = gpipe.PipeliningLayer.Params().Set(
-      name=model, cell_tpl=cells, num_micro_batches=m, recompute='always',
+      name=model, cell_tpl=cells, num_micro_batches=m, recompute=recompute,
       devices=devices[:len(cells)], schedule=schedule).Instantiate()
   layer.SetTraining(True)
   return layer
@@ -226,7 +235,8 @@ def _StepMemory(fn: Any, inputs: Any, pids: List[int],
 
 def _Replay(trace: Any) -> Dict[str, Any]:
   """One traced step: the measured span of its tasks; each stage's mean
-  measured F and B (B with its re-computation); and the table that ran
+  measured F and B (B with its re-computation; and W); and the table that
+  ran
   (read back from the trace) simulated with those (schedule.Simulate, as
   step_model runs it), which misses only what the schedule misses beyond
   the tasks' own times. No hand-offs: a received input arrives inside the
@@ -234,11 +244,12 @@ def _Replay(trace: Any) -> Dict[str, Any]:
   profile, the receive 9.5 ms; docs/DESIGN.md section 19)."""
   from lingvo_pipe.core import schedule  # pylint: disable=g-import-not-at-top
   layer, = trace.Layers()
-  fwd, bwd = trace.MeanSeconds(layer)
+  means = trace.MeanSeconds(layer)
   begin, end = trace.Span(layer)
-  return {'span_s': end - begin, 'fb': list(zip(fwd, bwd)),
-          'schedule_s': schedule.Simulate(trace.Table(layer), fwd,
-                                          bwd).step}
+  return {'span_s': end - begin, 'fb': list(zip(means['F'], means['B'])),
+          'schedule_s': schedule.Simulate(
+              trace.Table(layer), means['F'], means['B'],
+              weight_s=means['W']).step}
 
 
 def _Measure(args: argparse.Namespace) -> None:
@@ -254,7 +265,8 @@ def _Measure(args: argparse.Namespace) -> None:
   fns, tracers, out = {}, {}, {}
   for label, pred in predicted.items():
     k, m, name = _Parse(label)
-    fn = _StepFn(_Build(args.model, pred['bounds'], m, devices, name))
+    fn = _StepFn(_Build(args.model, pred['bounds'], m, devices, name,
+                        args.recompute))
     stack_lib.Prepare(fn, inputs, args.warmup)
     fns[label] = fn
     out[label] = {'times': [], 'replays': []}
@@ -290,7 +302,7 @@ def _Child(args: argparse.Namespace, part: str, extra: List[str],
            env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
   command = [sys.executable, '-m', 'bench.planner.run', f'--part={part}',
              f'--model={args.model}', f'--ks={args.ks}', f'--ms={args.ms}',
-             f'--schedules={args.schedules}',
+             f'--schedules={args.schedules}', f'--recompute={args.recompute}',
              f'--rounds={args.rounds}', f'--warmup={args.warmup}',
              f'--timing_runs={args.timing_runs}'] + extra
   if pin:
@@ -359,13 +371,17 @@ def _TimeCells(m: int, schedule: str, rounds: List[Dict[str, Any]],
   tasks through the schedule against the prediction, the schedule
   against each stamped step's span, and the plain step against it.
   """
+  from lingvo_pipe.core import schedule as schedule_lib  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tools import step_model  # pylint: disable=g-import-not-at-top
   least = lambda rows: [min(col) for col in zip(*rows)]  # noqa: E731
   prof_fb = [least(parts) for parts in zip(*[r['fb'] for r in rounds])]
+  # Runs before ZB-H1 kept no W: none ran.
+  prof_w = least([r.get('w') or [0.0] * len(prof_fb) for r in rounds])
   hops = [min(h) for h in zip(*[r['hop_s'] for r in rounds])]
-  pred = step_model.StepSeconds([f for f, _ in prof_fb],
-                                [b for _, b in prof_fb], m, hop_s=hops,
-                                schedule_name=schedule)
+  table = step_model.MakeTable(schedule, len(prof_fb), m)
+  pred = schedule_lib.Simulate(
+      table, [f for f, _ in prof_fb], [b for _, b in prof_fb], 0.0,
+      hops or None, weight_s=prof_w if table.split_backward else None).step
   meas = min(_Median(r['times']) for r in rounds)
   paired = [(r['step_s'] - _Median(r['times'])) / _Median(r['times'])
             for r in rounds]
@@ -383,11 +399,12 @@ def _TimeCells(m: int, schedule: str, rounds: List[Dict[str, Any]],
           f'{_Median(outside):+.0%} ({_Range(outside)})']
 
 
-def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any]) -> str:
+def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any],
+           recompute: str) -> str:
   """Time cells (_TimeCells) and memory: the first round's prediction
   against the median over fresh worker pairs."""
   mib = 2**20
-  lines = [f'### {model}', '',
+  lines = [f'### {model}, recompute {recompute}', '',
            '| K M | schedule | split | step predicted, fast state (layer '
            'sums) | measured, fast state | error (layer sums) | each round '
            'against its own timing: median (range) | pipeline\'s tasks '
@@ -444,6 +461,10 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--tables_from', default='',
                       help='Print the tables of an earlier run\'s --json_out '
                       'file, and measure nothing.')
+  parser.add_argument('--recompute', default='always',
+                      choices=['always', 'never'],
+                      help="Every configuration's recompute mode; zb_h1 "
+                      "needs 'never'.")
   parser.add_argument('--parts', default='memory,time',
                       help='What to measure: memory, time or both.')
   parser.add_argument('--wait_idle', type=int, default=1,
@@ -460,6 +481,10 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   if bad:
     parser.error(f'--schedules={args.schedules}: {bad} not in {SCHEDULES} '
                  '(one stage per device); give some of those.')
+  if 'zb_h1' in args.schedules.split(',') and args.recompute != 'never':
+    parser.error(f'--schedules={args.schedules} with '
+                 f'--recompute={args.recompute}: zb_h1 keeps every '
+                 'activation; add --recompute=never.')
   if args.profile_rounds < 1 or args.rounds < 1:
     parser.error(f'--profile_rounds={args.profile_rounds} '
                  f'--rounds={args.rounds}: give at least 1 of each.')
@@ -478,7 +503,8 @@ def main(argv: Sequence[str]) -> None:
   if args.tables_from:
     with open(args.tables_from) as f:
       for model, res in json.load(f).items():
-        print(_Table(model, res['predicted'], res['measured']) + '\n')
+        print(_Table(model, res['predicted'], res['measured'],
+                     res.get('recompute', 'always')) + '\n')
     return
   if args.wait_idle:
     _WaitIdle()
@@ -514,6 +540,7 @@ def main(argv: Sequence[str]) -> None:
       meas[label] = {
           'rounds': [{'step_s': rnd['predicted'][label]['step_s'],
                       'fb': rnd['predicted'][label]['fb'],
+                      'w': rnd['predicted'][label].get('w'),
                       # Runs before the hand-off term had none.
                       'hop_s': rnd['predicted'][label].get('hop_s', []),
                       'times': rnd['measured'][label]['times'],
@@ -523,8 +550,8 @@ def main(argv: Sequence[str]) -> None:
                          if runs else [0] * len(pred[label]['step_bytes'])),
           'step_bytes_runs': runs}
     results[model] = {'predicted': pred, 'measured': meas,
-                      'core_seconds': speeds}
-    print('\n' + _Table(model, pred, meas), flush=True)
+                      'core_seconds': speeds, 'recompute': args.recompute}
+    print('\n' + _Table(model, pred, meas, args.recompute), flush=True)
     transfers = sorted({p['transfer'] for p in pred.values()
                         if p.get('hop_s')})
     if transfers:

@@ -161,6 +161,16 @@ class BackwardSplit:
     return list(self._w_fns[wanted]([refs[i] for i in halves.w_refs],
                                     carry, acc))
 
+  def WeightResiduals(self, theta_leaves: List[tf.Tensor],
+                      x: List[tf.Tensor], kept: List[tf.Tensor], dy: Leaves,
+                      y: List[tf.Tensor]) -> List[int]:
+    """Indices in `kept` of the residuals W reads: with B's carry, what a
+    micro-batch holds from B until W (the planner counts them)."""
+    wanted, backward, _ = self._cell.Gradient(theta_leaves, x, kept, dy, y)
+    halves = self._Halves(wanted, backward)
+    return sorted({backward.refs[i][1] for i in halves.w_refs
+                   if backward.refs[i][0] == 'out'})
+
   def _WeightGraph(self, halves: _Halves, carry: List[tf.Tensor]) -> Any:
     """W's GraphDef: its nodes, its inputs' and the carry's placeholders."""
     graph = type(halves.b_graph)()

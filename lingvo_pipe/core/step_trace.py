@@ -138,14 +138,9 @@ class StepTrace:
         tuple(tuple(row) for row in order))
     return _Named(table)
 
-  def MeanSeconds(self, layer: str) -> Tuple[List[float], List[float]]:
-    """Per stage, the mean measured forward and backward (re-computation
-    included), over micro-batches and replicas; 0 where none ran."""
-    means = self._Means(layer)
-    return means['F'], means['B']
-
-  def _Means(self, layer: str) -> Dict[str, List[float]]:
-    """Per phase (F, B, W), per stage: the mean measured seconds."""
+  def MeanSeconds(self, layer: str) -> Dict[str, List[float]]:
+    """Per phase (F, B with its re-computation, W), per stage: the mean
+    measured seconds over micro-batches and replicas; 0 where none ran."""
     mine = self._Mine(layer)
     num_stages = max(t.partition for t in mine) + 1
     means = {}
@@ -194,7 +189,7 @@ class StepTrace:
     table = self.Table(layer)
     if not measured:
       return schedule.Simulate(table).bubble
-    means = self._Means(layer)
+    means = self.MeanSeconds(layer)
     return schedule.Simulate(table, means['F'], means['B'],
                              weight_s=means['W']).bubble
 

@@ -18,6 +18,22 @@ measures:
   num_params, param_bytes, slot_bytes  trainable scalars, their bytes,
                 and the optimizer's slots
                 for them (created, then counted)
+  kept_*, input_*, weight_*, carry_bytes  with `keeps_activations`
+                (recompute 'never'): the backward as a stage that keeps
+                its activations runs it, from the forward's residuals
+                (residuals.SplitCell) into a running sum of the
+                gradients; whole (kept_backward_s, _peak_bytes) and as a
+                zero-bubble table's two actions (backward_split): B, the
+                input gradient (input_backward_s, _peak_bytes), and W,
+                the weight gradient (weight_backward_s, _peak_bytes);
+                median seconds, and how far the allocator's peak rises
+                above what it held before the call (the residuals and
+                the gradient sum are held before it, so the call's own
+                results and temporaries: the whole call holds its inputs
+                to its end, so no residual is freed early); carry_bytes,
+                B's results that W reads (each inner output's gradient),
+                and weight_read_bytes, the residuals W reads (counted as
+                residual_bytes). None (0) otherwise
   backward_peak_bytes  how far the allocator's peak rises above what it
                 held before, while the layer's forward is re-computed and
                 differentiated for given output gradients (a partition's
@@ -47,10 +63,11 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from lingvo_pipe.core import backward_split
 from lingvo_pipe.core import cluster
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import partitioner
@@ -73,6 +90,15 @@ class LayerProfile:
   # Measured where the allocator keeps statistics (module docstring); None
   # elsewhere, and the cost model falls back on residual_bytes.
   backward_peak_bytes: Optional[int] = None
+  # With keeps_activations (module docstring).
+  kept_backward_s: Optional[float] = None
+  kept_backward_peak_bytes: Optional[int] = None
+  input_backward_s: Optional[float] = None
+  input_backward_peak_bytes: Optional[int] = None
+  weight_backward_s: Optional[float] = None
+  weight_backward_peak_bytes: Optional[int] = None
+  carry_bytes: int = 0
+  weight_read_bytes: int = 0
 
 
 # Ops whose output shares its input's buffer: a kept view costs nothing
@@ -161,25 +187,35 @@ def PeakBytes(fn: Any, inputs: Tuple[Any, ...], device: Optional[str],
   return most
 
 
-def _KeptBytes(layer: Any, args: Tuple[Any, ...]) -> Tuple[int, int]:
-  """(residual bytes, bytes of the inputs read) of the layer's gradient."""
+def _SplitCellOf(layer: Any, args: Tuple[Any, ...]
+                 ) -> Tuple[residuals.SplitCell, List[Any], List[Any]]:
+  """(the layer as the pipeline's kept-activation cell, its theta leaves,
+  its input leaves), the cell's forward traced."""
 
   def Cell(theta_leaves, x):
     theta = layer.theta.Pack(theta_leaves)
     return tf.nest.flatten(layer.FProp(
         theta, *tf.nest.pack_sequence_as(args, x)))
 
-  split = residuals.SplitCell(
+  cell = residuals.SplitCell(
       layer.params.name, Cell,
       lambda fn: tf.function(fn, autograph=False))
   x = tf.nest.flatten(args)
   theta_leaves = [tf.convert_to_tensor(v) for v in layer.theta.Flatten()]
-  split.Forward(theta_leaves, x)
+  cell.Forward(theta_leaves, x)
+  return cell, theta_leaves, x
+
+
+def _KeptBytes(split: residuals.SplitCell, theta_leaves: List[Any],
+               x: List[Any], only: Optional[List[int]] = None
+               ) -> Tuple[int, int]:
+  """(residual bytes, bytes of the inputs read) of the cell's gradient;
+  with `only`, of those residuals alone."""
   graph = split.forward_function.get_concrete_function(theta_leaves,
                                                        x).graph
   _, kept = graph.structured_outputs
   sources = {}
-  for t in kept:
+  for t in (kept if only is None else [kept[i] for i in only]):
     while t.op.type in _ALIASING_OPS or _IsWholeSlice(t):
       t = t.op.inputs[0]
     if t.op.type != 'Placeholder':  # not a view of an input or variable
@@ -188,15 +224,45 @@ def _KeptBytes(layer: Any, args: Tuple[Any, ...]) -> Tuple[int, int]:
   return _Bytes(list(sources.values())), read
 
 
+def _KeptBackward(name: str, cell: residuals.SplitCell,
+                  theta_leaves: List[Any], x: List[Any],
+                  allocator: Optional[str]
+                  ) -> Tuple[Dict[str, Any], Dict[str, Callable[[], Any]]]:
+  """(the peaks and bytes of the module docstring's kept_*, input_*,
+  weight_*, carry_bytes and weight_read_bytes, by field name; the three
+  backward calls to time, warmed up), for output gradients of ones."""
+  halves = backward_split.BackwardSplit(
+      cell, name, lambda fn: tf.function(fn, autograph=False))
+  y, kept = cell.Forward(theta_leaves, x)
+  y, kept = list(y), list(kept)
+  dy = [tf.ones_like(t) if residuals.IsFloat(t) else None for t in y]
+  acc = [tf.zeros_like(t) if residuals.IsFloat(t) else None
+         for t in theta_leaves]
+  _, carry = halves.Input(theta_leaves, x, kept, dy, y)
+  calls = {
+      'kept': lambda: cell.Backward(theta_leaves, x, kept, dy, y, acc),
+      'input': lambda: halves.Input(theta_leaves, x, kept, dy, y),
+      'weight': lambda: halves.Weight(theta_leaves, x, kept, dy, y, carry,
+                                      acc)}
+  out = {'carry_bytes': _Bytes(carry), 'weight_read_bytes': _KeptBytes(
+      cell, theta_leaves, x,
+      halves.WeightResiduals(theta_leaves, x, kept, dy, y))[0]}
+  for what, call in calls.items():
+    call()  # traced before the allocator's peak is read
+    out[f'{what}_backward_peak_bytes'] = PeakBytes(call, (), allocator)
+  return out, calls
+
+
 def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
                 optimizer_p: Optional[hyperparams.Params], num_runs: int,
                 allocator: Optional[str],
                 ready: Optional[Callable[[], Any]] = None,
-                input_gradient: bool = True
+                input_gradient: bool = True, keeps_activations: bool = False
                 ) -> Tuple[LayerProfile, Any, Tuple[Any, Any]]:
   """(the layer's profile, its outputs, (its gradient step, the step's
   inputs)). Everything but the timing comes first; `ready`, if given, is
-  called just before the timing starts; `input_gradient` as _GradientFn's."""
+  called just before the timing starts; `input_gradient` as _GradientFn's,
+  `keeps_activations` as ProfileLayers'."""
   layer = p.Instantiate()
   layer.SetTraining(True)
   fprop = tf.function(lambda *a: layer.FProp(layer.theta, *a),
@@ -205,7 +271,11 @@ def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
   grad_fn, grad_inputs = _GradientFn(layer, args, out, input_gradient)
   grad_fn(*grad_inputs)  # traced before the allocator's peak is read
   backward_peak = PeakBytes(grad_fn, grad_inputs, allocator)
-  residual_bytes, read_bytes = _KeptBytes(layer, args)
+  cell, theta_leaves, x = _SplitCellOf(layer, args)
+  residual_bytes, read_bytes = _KeptBytes(cell, theta_leaves, x)
+  kept, calls = {}, {}
+  if keeps_activations:
+    kept, calls = _KeptBackward(p.name, cell, theta_leaves, x, allocator)
   variables = [v for v in layer.vars.Flatten() if v.trainable]
   slot_bytes = 0
   if optimizer_p is not None and variables:
@@ -217,6 +287,9 @@ def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
     ready()
   forward_s, out = partitioner.MedianSeconds(fprop, args, num_runs)
   both_s, _ = partitioner.MedianSeconds(grad_fn, grad_inputs, num_runs)
+  for what, call in calls.items():
+    kept[f'{what}_backward_s'] = partitioner.MedianSeconds(call, (),
+                                                           num_runs)[0]
   profile = LayerProfile(
       name=p.name, forward_s=forward_s,
       backward_s=max(both_s - forward_s, 0.0),
@@ -224,7 +297,7 @@ def _ProfileOne(p: hyperparams.Params, args: Tuple[Any, ...],
       input_bytes=_Bytes(args), output_bytes=_Bytes(out),
       num_params=sum(int(v.shape.num_elements()) for v in variables),
       param_bytes=sum(_Bytes(v) for v in variables), slot_bytes=slot_bytes,
-      backward_peak_bytes=backward_peak)
+      backward_peak_bytes=backward_peak, **kept)
   return profile, out, (grad_fn, grad_inputs)
 
 
@@ -240,7 +313,8 @@ def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
                   dtype: tf.DType = tf.float32,
                   optimizer_p: Optional[hyperparams.Params] = None,
                   num_runs: int = 5,
-                  input_gradient: bool = True) -> List[LayerProfile]:
+                  input_gradient: bool = True,
+                  keeps_activations: bool = False) -> List[LayerProfile]:
   """One LayerProfile per layer, in order (module docstring).
 
   Args:
@@ -257,6 +331,10 @@ def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
       come from no variable (images, a batch): then pass False, or the
       first layer's backward is measured with work the step does not do
       (model_pipeline.ModelPipeline.input_gradient says for a model).
+    keeps_activations: also measure the backward as a stage that keeps
+      its activations runs it (recompute 'never'), whole and in a
+      zero-bubble table's two halves (kept_*, input_*, weight_*,
+      carry_bytes).
   """
   layer_ps = partitioner.NamedCopies(layers)
   args = partitioner.RandomInputs(
@@ -271,7 +349,8 @@ def ProfileLayers(layers: Sequence[hyperparams.Params], input_shapes: Any,
     for i, p in enumerate(layer_ps):
       profile, out, _ = _ProfileOne(_Typed(p, dtype), args, optimizer_p,
                                     num_runs, allocator,
-                                    input_gradient=input_gradient or i > 0)
+                                    input_gradient=input_gradient or i > 0,
+                                    keeps_activations=keeps_activations)
       profiles.append(profile)
       args = out if isinstance(out, tuple) else (out,)
   finally:
@@ -284,7 +363,8 @@ def ProfilePartitions(layers: Sequence[hyperparams.Params],
                       dtype: tf.DType = tf.float32,
                       optimizer_p: Optional[hyperparams.Params] = None,
                       num_runs: int = 5,
-                      input_gradient: bool = True) -> List[LayerProfile]:
+                      input_gradient: bool = True,
+                      keeps_activations: bool = False) -> List[LayerProfile]:
   """One LayerProfile per partition of the split `bounds`: its layers as
   one SequentialLayer (named `partition_{k}`), as the pipeline runs them.
 
@@ -300,7 +380,7 @@ def ProfilePartitions(layers: Sequence[hyperparams.Params],
   parts = partitioner.Cells(partitioner.NamedCopies(layers), bounds,
                             prefix='partition')
   return ProfileLayers(parts, input_shapes, dtype, optimizer_p, num_runs,
-                       input_gradient)
+                       input_gradient, keeps_activations)
 
 
 def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
@@ -310,7 +390,8 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
                               optimizer_p: Optional[hyperparams.Params] = None,
                               num_runs: int = 5,
                               timeout: float = 1800.0,
-                              input_gradient: bool = True
+                              input_gradient: bool = True,
+                              keeps_activations: bool = False
                               ) -> List[LayerProfile]:
   """ProfilePartitions' profiles, measured all at once as K worker
   processes on this host run them: partition k in a child process pinned
@@ -349,7 +430,8 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
   procs = [ctx.Process(
       target=_TogetherChild, daemon=True,
       args=(k, core, parts, input_shapes, dtype, optimizer_p, num_runs,
-            barrier, stop, results, input_gradient or k > 0))
+            barrier, stop, results, input_gradient or k > 0,
+            keeps_activations))
            for k, core in enumerate(cores)]
   got = {}
   deadline = time.monotonic() + timeout
@@ -402,7 +484,7 @@ def _TogetherChild(k: int, core: int, parts: List[hyperparams.Params],
                    input_shapes: Any, dtype: tf.DType,
                    optimizer_p: Optional[hyperparams.Params], num_runs: int,
                    barrier: Any, stop: Any, results: Any,
-                   input_gradient: bool) -> None:
+                   input_gradient: bool, keeps_activations: bool) -> None:
   """ProfilePartitionsTogether's partition k, in its own process."""
   try:
     # Before TensorFlow makes its thread pools, which size to the cores.
@@ -422,7 +504,8 @@ def _TogetherChild(k: int, core: int, parts: List[hyperparams.Params],
     # readings, so each is timed beside running neighbours.
     profile, _, (step, inputs) = _ProfileOne(
         parts[k], args, optimizer_p, num_runs, AllocatorDevice(),
-        ready=barrier.wait, input_gradient=input_gradient)
+        ready=barrier.wait, input_gradient=input_gradient,
+        keeps_activations=keeps_activations)
   except threading.BrokenBarrierError:
     return  # another partition failed first and said why
   except Exception as err:  # pylint: disable=broad-except

@@ -2,7 +2,7 @@
 
   python -m lingvo_pipe.tools.plan --model=image.synthetic.AmoebaNetTinyGPipe
       [--num_partitions=K] [--num_micro_batches=M] [--memory_budget=2GiB]
-      [--schedule=gpipe|1f1b|interleaved_1f1b] [--num_virtual_stages=V]
+      [--schedule=gpipe|1f1b|interleaved_1f1b|zb_h1] [--num_virtual_stages=V]
       [--num_devices=N] [--recompute=always|except_last|never]
       [--cores=0,1]
 
@@ -52,8 +52,10 @@ least memory on a device. Without --schedule it compares GPipe and 1F1B
 (with V > 1, GPipe and interleaved 1F1B) for each (K, M) the same way:
 their steps are often equal (the same bubble), and then 1F1B, holding at
 most K - k micro-batches on stage k where GPipe holds all M, is chosen,
-and under a tight budget it fits larger M or fewer devices. The report
-says which schedule and why in one line.
+and under a tight budget it fits larger M or fewer devices; with
+recompute 'never' it compares ZB-H1 too, each backward measured as its
+two actions run it (layer_profile's keeps_activations). The report says
+which schedule and why in one line.
 
 To plan for worker processes pinned to one core each, run the planner
 pinned the same way (`taskset -c 0 python -m lingvo_pipe.tools.plan ...`):
@@ -246,12 +248,13 @@ class PlanResult:
            else 'sums of the layers measured one by one')
     if self.partition_profiles and self.cores:
       how += f', all at once on cores {self.cores}'
-    lines = [f'  part  F/micro    B/micro    peak memory = resident + '
-             f'gradients + kept activations ({how})']
+    split = any(p.weight_s for p in self.partitions)
+    lines = [f'  part  F/micro    B/micro    {"W/micro    " * split}peak '
+             f'memory = resident + gradients + kept activations ({how})']
     for i, part in enumerate(self.partitions):
-      fwd, bwd = part.forward_s * 1e3, part.backward_s * 1e3
+      times = [part.forward_s, part.backward_s] + [part.weight_s] * split
       lines.append(
-          f'  {i:<4}  {fwd:7.2f} ms {bwd:7.2f} ms '
+          f'  {i:<4}  ' + ''.join(f'{t * 1e3:7.2f} ms ' for t in times) +
           f'{Bytes(part.peak_bytes):>10} = {Bytes(part.resident_bytes)} '
           f'+ {Bytes(part.gradient_bytes)} + {Bytes(part.kept_bytes)}')
     if self.layout.num_virtual_stages > 1:
@@ -353,7 +356,8 @@ def _Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
   sim = schedule.Simulate(
       schedule.WithAllReduce(table) if replicated else table,
       [p.forward_s for p in parts], [p.backward_s for p in parts], 0.0,
-      hops, all_reduce_s=all_reduce if replicated else None)
+      hops, all_reduce_s=all_reduce if replicated else None,
+      weight_s=[p.weight_s for p in parts] if table.split_backward else None)
   return PlanResult(
       name=name, batch_size=batch_size, num_micro_batches=m,
       recompute=recompute, bounds=bounds, profiles=list(profiles),
@@ -421,14 +425,15 @@ def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
   input_gradient = input_gradient or step_model.KeepsActivations(
       result.recompute, 0, len(result.bounds) - 1)
   together = cores and result.layout.num_virtual_stages == 1
+  how = dict(optimizer_p=optimizer_p, num_runs=num_runs,
+             input_gradient=input_gradient,
+             keeps_activations=result.recompute == 'never')
   if together:
     parts = layer_profile.ProfilePartitionsTogether(
-        layers, result.bounds, input_shapes, cores, optimizer_p=optimizer_p,
-        num_runs=num_runs, input_gradient=input_gradient)
+        layers, result.bounds, input_shapes, cores, **how)
   else:
-    parts = layer_profile.ProfilePartitions(
-        layers, result.bounds, input_shapes, optimizer_p=optimizer_p,
-        num_runs=num_runs, input_gradient=input_gradient)
+    parts = layer_profile.ProfilePartitions(layers, result.bounds,
+                                            input_shapes, **how)
   if transfer is None:
     transfer = MeasureTransfer(result.num_devices, cores)
   predicted = _Predicted(result.name, parts, result.batch_size,
@@ -483,15 +488,18 @@ def Divisors(n: int) -> List[int]:
   return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def Layouts(schedule_name: str = '', num_virtual_stages: int = 1
-            ) -> List[Layout]:
+def Layouts(schedule_name: str = '', num_virtual_stages: int = 1,
+            recompute: str = '') -> List[Layout]:
   """The schedules to compare: the given one, else GPipe and 1F1B (with
-  V > 1: GPipe and interleaved 1F1B, V stages per device)."""
+  V > 1: GPipe and interleaved 1F1B, V stages per device), and ZB-H1
+  where every stage keeps its activations (V = 1, recompute 'never')."""
   v = num_virtual_stages
   if schedule_name:
     return [Layout(schedule_name, v)]
-  return [Layout('gpipe', v), Layout('1f1b' if v == 1 else
-                                     'interleaved_1f1b', v)]
+  if v == 1:
+    return [Layout('gpipe'), Layout('1f1b')] + (
+        [Layout('zb_h1')] if recompute == 'never' else [])
+  return [Layout('gpipe', v), Layout('interleaved_1f1b', v)]
 
 
 def _Candidates(name: str, profiles_by_m: Dict[int, List[Profile]],
@@ -625,11 +633,12 @@ def ProfileAt(pipe: model_pipeline.ModelPipeline, m: int,
         f'num_micro_batches={m} does not divide the batch of '
         f'{pipe.batch_size}; use one of {Divisors(pipe.batch_size)}.')
   with tf.device(devices_lib.DefaultDevices()[0]):
+    never = (recompute or pipe.recompute) == 'never'
     return layer_profile.ProfileLayers(
         pipe.layers, pipe.InputShapes(pipe.batch_size // m),
         optimizer_p=pipe.optimizer, num_runs=num_runs,
-        input_gradient=pipe.input_gradient or
-        (recompute or pipe.recompute) == 'never')
+        input_gradient=pipe.input_gradient or never,
+        keeps_activations=never)
 
 
 def PlanModel(pipe: model_pipeline.ModelPipeline,
@@ -642,6 +651,7 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
   """Measures and plans `pipe`; 0 for K or M, '' for the schedule
   suggests it; `cores` as Refine's."""
   recompute = recompute or pipe.recompute
+  step_model.CheckRecompute(schedule_name, recompute)
   n, v = len(pipe.layers), num_virtual_stages
   if num_partitions * v > n:
     raise ValueError(
@@ -659,7 +669,7 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
   transfer = MeasureTransfer(max(ks), cores)
   exchange = Exchange(pipe.num_replicas,
                       MeasureAllReduce(pipe.num_replicas, cores))
-  layouts = Layouts(schedule_name, v)
+  layouts = Layouts(schedule_name, v, recompute)
   if num_partitions and num_micro_batches and len(layouts) == 1:
     result = Evaluate(pipe.name, profiles[ms[0]], pipe.batch_size,
                       num_partitions, ms[0], recompute, budget, transfer,
@@ -739,8 +749,8 @@ def _CheckSchedule(name: str, v: int) -> None:
   if name == 'interleaved_1f1b' and v < 2:
     raise ValueError('--schedule=interleaved_1f1b runs V >= 2 stages per '
                      'device; give --num_virtual_stages=2 or more.')
-  if name == '1f1b' and v > 1:
-    raise ValueError(f'--schedule=1f1b runs one stage per device, got '
+  if name in ('1f1b', 'zb_h1') and v > 1:
+    raise ValueError(f'--schedule={name} runs one stage per device, got '
                      f'--num_virtual_stages={v}; use '
                      '--schedule=interleaved_1f1b.')
 

@@ -309,14 +309,18 @@ class HoldingTest(parameterized.TestCase):
     # Stage 0's inputs are slices of the batch, all 4 through the step;
     # at most 2 in flight. Stage 1 holds one micro-batch in flight, and
     # during each backward the next input too: it arrives while that
-    # backward runs.
+    # backward runs. None waits for a W; the running sum exists after
+    # each stage's first backward (device 0's third action, device 1's
+    # second).
     self.assertEqual(step_model.Holding(table), [
-        [{0: c} for c in [(4, 1), (4, 2), (4, 2), (4, 2), (4, 2), (4, 2),
-                          (4, 2), (4, 1)]],
-        [{1: c} for c in [(1, 1), (2, 1), (1, 1), (2, 1), (1, 1), (2, 1),
-                          (1, 1), (1, 1)]]])
+        [{0: c} for c in [(4, 1, 0, 0), (4, 2, 0, 0), (4, 2, 0, 0),
+                          (4, 2, 0, 1), (4, 2, 0, 1), (4, 2, 0, 1),
+                          (4, 2, 0, 1), (4, 1, 0, 1)]],
+        [{1: c} for c in [(1, 1, 0, 0), (2, 1, 0, 0), (1, 1, 0, 1),
+                          (2, 1, 0, 1), (1, 1, 0, 1), (2, 1, 0, 1),
+                          (1, 1, 0, 1), (1, 1, 0, 1)]]])
 
-  @parameterized.parameters(('gpipe', 1), ('1f1b', 1),
+  @parameterized.parameters(('gpipe', 1), ('1f1b', 1), ('zb_h1', 1),
                             ('interleaved_1f1b', 2), ('gpipe', 2))
   def testInFlightIsTheTables(self, name, v):
     for k, m in ((1, 1), (2, 2), (2, 4), (3, 6), (4, 8), (4, 2)):
@@ -325,7 +329,7 @@ class HoldingTest(parameterized.TestCase):
       table = schedule.Make(name, k, m, v)
       states = step_model.StageStates(table)
       self.assertEqual(
-          tuple(max(f for _, f, _ in x) for x in states),
+          tuple(max(x[1] + x[2] for x in stage) for stage in states),
           schedule.InFlight(table)[0], (k, m))
 
   @parameterized.parameters(
