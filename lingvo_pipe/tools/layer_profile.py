@@ -33,7 +33,11 @@ measures:
                 to its end, so no residual is freed early); carry_bytes,
                 B's results that W reads (each inner output's gradient),
                 and weight_read_bytes, the residuals W reads (counted as
-                residual_bytes). None (0) otherwise
+                residual_bytes); kept_residual_bytes, what the allocator
+                holds more after the kept forward: its residuals and
+                outputs as held, where buffers TF shares between them
+                count once (AmoebaNet-D: 214 MiB held of 251 listed).
+                None (0) otherwise
   backward_peak_bytes  how far the allocator's peak rises above what it
                 held before, while the layer's forward is re-computed and
                 differentiated for given output gradients (a partition's
@@ -91,6 +95,7 @@ class LayerProfile:
   # elsewhere, and the cost model falls back on residual_bytes.
   backward_peak_bytes: Optional[int] = None
   # With keeps_activations (module docstring).
+  kept_residual_bytes: Optional[int] = None
   kept_backward_s: Optional[float] = None
   kept_backward_peak_bytes: Optional[int] = None
   input_backward_s: Optional[float] = None
@@ -187,6 +192,14 @@ def PeakBytes(fn: Any, inputs: Tuple[Any, ...], device: Optional[str],
   return most
 
 
+def _Current(allocator: Optional[str]) -> Optional[int]:
+  """Bytes the allocator holds now (None without statistics)."""
+  if allocator is None:
+    return None
+  tf.test.experimental.sync_devices()
+  return tf.config.experimental.get_memory_info(allocator)['current']
+
+
 def _SplitCellOf(layer: Any, args: Tuple[Any, ...]
                  ) -> Tuple[residuals.SplitCell, List[Any], List[Any]]:
   """(the layer as the pipeline's kept-activation cell, its theta leaves,
@@ -233,8 +246,10 @@ def _KeptBackward(name: str, cell: residuals.SplitCell,
   backward calls to time, warmed up), for output gradients of ones."""
   halves = backward_split.BackwardSplit(
       cell, name, lambda fn: tf.function(fn, autograph=False))
+  before = _Current(allocator)
   y, kept = cell.Forward(theta_leaves, x)
   y, kept = list(y), list(kept)
+  after = _Current(allocator)
   dy = [tf.ones_like(t) if residuals.IsFloat(t) else None for t in y]
   acc = [tf.zeros_like(t) if residuals.IsFloat(t) else None
          for t in theta_leaves]
@@ -244,7 +259,8 @@ def _KeptBackward(name: str, cell: residuals.SplitCell,
       'input': lambda: halves.Input(theta_leaves, x, kept, dy, y),
       'weight': lambda: halves.Weight(theta_leaves, x, kept, dy, y, carry,
                                       acc)}
-  out = {'carry_bytes': _Bytes(carry), 'weight_read_bytes': _KeptBytes(
+  out = {'kept_residual_bytes': None if before is None else after - before,
+         'carry_bytes': _Bytes(carry), 'weight_read_bytes': _KeptBytes(
       cell, theta_leaves, x,
       halves.WeightResiduals(theta_leaves, x, kept, dy, y))[0]}
   for what, call in calls.items():

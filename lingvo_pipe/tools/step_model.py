@@ -93,7 +93,9 @@ by action, the sum of what each stage holds (`PredictDevices`).
 
 R_s is what the stage's gradient reads from its forward: its layers'
 residual_bytes, plus the inputs of its inner layers that their gradients
-read (input_read_bytes; the stage's own input is counted as in_s).
+read (input_read_bytes; the stage's own input is counted as in_s); in
+H_s, the residuals as the allocator held them where measured
+(kept_residual_bytes: TF shares some buffers between them).
 W_s is the most its backward holds at once: while layer j is
 differentiated, the residuals of layers 0..j-1 wait, the gradients of
 layers after j are done, and layer j holds its own working set, its
@@ -309,9 +311,14 @@ def StageStates(table: schedule.Schedule) -> List[List[State]]:
 # ---- memory ---------------------------------------------------------------
 
 
-def PartitionResidualBytes(profiles: Sequence[Profile]) -> int:
-  """R of one stage's layers (module docstring)."""
-  return (sum(p.residual_bytes for p in profiles) +
+def PartitionResidualBytes(profiles: Sequence[Profile],
+                           held: bool = False) -> int:
+  """R of one stage's layers (module docstring); `held`: as the allocator
+  held them after a kept forward where measured (kept_residual_bytes)."""
+  measured = held and all(p.kept_residual_bytes is not None
+                          for p in profiles)
+  return (sum(p.kept_residual_bytes if measured else p.residual_bytes
+              for p in profiles) +
           sum(p.input_read_bytes for p in profiles[1:]))
 
 
@@ -378,6 +385,7 @@ def PredictPartition(part: Sequence[Profile], num_micro_batches: int,
   fwd = sum(p.forward_s for p in part)
   params = sum(p.param_bytes for p in part)
   residuals = PartitionResidualBytes(part) if keeps else 0
+  held = PartitionResidualBytes(part, held=True) if keeps else 0
   backward, weight, carry = sum(p.backward_s for p in part), 0.0, 0
   work = max(BackwardWorkingBytes(part, is_last), params) - residuals
   weight_work = 0
@@ -394,7 +402,7 @@ def PredictPartition(part: Sequence[Profile], num_micro_batches: int,
       backward_s=backward + (0.0 if keeps else fwd),
       resident_bytes=params + sum(p.slot_bytes for p in part),
       gradient_bytes=0, kept_bytes=0, input_bytes=part[0].input_bytes,
-      hold_bytes=residuals + (part[-1].output_bytes if is_last else 0),
+      hold_bytes=held + (part[-1].output_bytes if is_last else 0),
       work_bytes=work, weight_work_bytes=weight_work, sum_bytes=params)
   sums, kept = max(map(pred.Held, states or [(m, m, 0, int(m > 1), 'B')]),
                    key=sum)

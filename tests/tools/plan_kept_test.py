@@ -199,6 +199,8 @@ class MeasuredHalvesTest(absltest.TestCase):
     whole, = layer_profile.ProfilePartitions(ps, [0, 3], shape, num_runs=1,
                                              keeps_activations=True)
     self.assertEqual(whole.carry_bytes, 16 * (128 + 96 + 32) * 4)
+    # W reads each layer's input: the two inner ones are residuals.
+    self.assertEqual(whole.weight_read_bytes, 16 * (128 + 96) * 4)
     self.assertGreater(whole.input_backward_s, 0.0)
     self.assertGreater(whole.weight_backward_s, 0.0)
     each = layer_profile.ProfileLayers(ps, shape, num_runs=1,
@@ -208,6 +210,27 @@ class MeasuredHalvesTest(absltest.TestCase):
     plain, = layer_profile.ProfilePartitions(ps, [0, 3], shape, num_runs=1)
     self.assertEqual((plain.input_backward_s, plain.weight_backward_s,
                       plain.carry_bytes), (None, None, 0))
+
+  def testResidualsAsTheAllocatorHoldsThem(self):
+    # 1024 rows through ReLU projections 256 -> 512 -> 512 -> 256: the
+    # forward keeps both inner activations and its output (the ReLUs'
+    # gradients read them), 2 + 2 + 1 MiB, no buffer shared; the
+    # allocator holds them in blocks rounded up by at most a few KiB
+    # (TF's default CPU allocator does not count blocks of a few KiB,
+    # so the test's tensors are MiBs).
+    dims = [256, 512, 512, 256]
+    ps = [layers.ProjectionLayer.Params().Set(
+        name=f'proj{i}', input_dim=a, output_dim=b, activation='RELU')
+          for i, (a, b) in enumerate(zip(dims, dims[1:]))]
+    whole, = layer_profile.ProfilePartitions(
+        ps, [0, 3], tf.TensorShape([1024, 256]), num_runs=1,
+        keeps_activations=True)
+    self.assertEqual(whole.residual_bytes, 5 * MIB)
+    if layer_profile.AllocatorDevice() is None:
+      self.assertIsNone(whole.kept_residual_bytes)
+    else:
+      self.assertBetween(whole.kept_residual_bytes, 5 * MIB,
+                         5 * MIB + 64 * 1024)
 
   def testTheCommandComparesItAtRecomputeNever(self):
     report = plan.Main(['--model=image.synthetic.ResNetTinyGPipe',
