@@ -3,10 +3,11 @@
   .venv/bin/python -m bench.planner.run [--models=transformer,amoebanet]
       [--ks=1,2] [--ms=1,4,8] [--schedules=gpipe,1f1b] [--profile_rounds=3]
       [--rounds=5] [--memory_runs=3] [--parts=memory,time] [--json_out=FILE]
-      [--recompute=always|never]
+      [--recompute=always|never] [--num_virtual_stages=2]
 
 For each model, (K, M) and schedule, recompute 'always' (or 'never', which
-ZB-H1 needs: --schedules=gpipe,1f1b,zb_h1), batch 32:
+ZB-H1 needs: --schedules=gpipe,1f1b,zb_h1), batch 32; interleaved 1F1B
+runs --num_virtual_stages stages on each of the K workers:
 1. Predicted (a process pinned to core 0 with `taskset`, as each worker
    will be): lingvo_pipe.tools.plan measures every layer once per
    micro-batch size (layer_profile.py) and chooses the split from their
@@ -93,8 +94,8 @@ from lingvo_pipe.core import local_workers  # noqa: E402
 from lingvo_pipe.tools import memory_worker  # noqa: E402
 
 BATCH = 32
-# One stage per device, as the workers run; zb_h1 needs recompute 'never'.
-SCHEDULES = ('gpipe', '1f1b', 'zb_h1')
+# zb_h1 needs recompute 'never'; interleaved_1f1b runs V stages a worker.
+SCHEDULES = ('gpipe', '1f1b', 'zb_h1', 'interleaved_1f1b')
 
 
 def _Label(k: int, m: int, schedule: str) -> str:
@@ -165,7 +166,8 @@ def _Predict(args: argparse.Namespace) -> None:
         input_gradient=never, keeps_activations=never)
     refined = {}  # one profile of a split, whatever the schedule
     for k, name in [(k, n) for k in args.ks for n in args.schedules]:
-      label, layout = _Label(k, m, name), plan.Layout(name)
+      label = _Label(k, m, name)
+      layout = plan.Layout(name, _V(name, args.num_virtual_stages))
       if fixed:
         summed = plan.PlanResult(
             name=args.model, batch_size=BATCH, num_micro_batches=m,
@@ -181,15 +183,17 @@ def _Predict(args: argparse.Namespace) -> None:
         res = refined[bounds] = plan.Refine(
             summed, layer_ps, shapes(BATCH // m), num_runs=args.timing_runs,
             cores=list(range(k)), transfer=transfer, input_gradient=False)
+      # Memory per worker: a device's stages together (V > 1).
       out[label] = {
           'bounds': res.bounds, 'step_s': res.step_s,
-          'step_bytes': [p.step_bytes for p in res.partitions],
-          'peak_bytes': [p.peak_bytes for p in res.partitions],
+          'v': layout.num_virtual_stages,
+          'step_bytes': [d.step_bytes for d in res.devices],
+          'peak_bytes': [d.peak_bytes for d in res.devices],
           'fb': [(p.forward_s, p.backward_s) for p in res.partitions],
           'w': [p.weight_s for p in res.partitions],
           'hop_s': res.hop_s, 'transfer': str(transfer),
           'summed_step_s': summed.step_s,
-          'summed_step_bytes': [p.step_bytes for p in summed.partitions]}
+          'summed_step_bytes': [d.step_bytes for d in summed.devices]}
   print(json.dumps(out), flush=True)
 
 
@@ -206,14 +210,20 @@ def _StepFn(layer: Any) -> Any:
       layer, lambda inputs: stack_lib.MeanSquareLoss(layer, inputs))
 
 
+def _V(schedule: str, num_virtual_stages: int) -> int:
+  """Stages per worker: V for interleaved 1F1B, else one."""
+  return num_virtual_stages if schedule == 'interleaved_1f1b' else 1
+
+
 def _Build(model: str, bounds: List[int], m: int, devices: List[str],
-           schedule: str, recompute: str) -> Any:
+           schedule: str, recompute: str, v: int = 1) -> Any:
   from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import partitioner  # pylint: disable=g-import-not-at-top
   cells = partitioner.Cells(partitioner.NamedCopies(_Model(model)[0]), bounds)
   layer = gpipe.PipeliningLayer.Params().Set(
       name=model, cell_tpl=cells, num_micro_batches=m, recompute=recompute,
-      devices=devices[:len(cells)], schedule=schedule).Instantiate()
+      devices=devices[:len(cells) // v], schedule=schedule,
+      num_virtual_stages=v).Instantiate()
   layer.SetTraining(True)
   return layer
 
@@ -266,7 +276,7 @@ def _Measure(args: argparse.Namespace) -> None:
   for label, pred in predicted.items():
     k, m, name = _Parse(label)
     fn = _StepFn(_Build(args.model, pred['bounds'], m, devices, name,
-                        args.recompute))
+                        args.recompute, pred.get('v', 1)))
     stack_lib.Prepare(fn, inputs, args.warmup)
     fns[label] = fn
     out[label] = {'times': [], 'replays': []}
@@ -303,6 +313,7 @@ def _Child(args: argparse.Namespace, part: str, extra: List[str],
   command = [sys.executable, '-m', 'bench.planner.run', f'--part={part}',
              f'--model={args.model}', f'--ks={args.ks}', f'--ms={args.ms}',
              f'--schedules={args.schedules}', f'--recompute={args.recompute}',
+             f'--num_virtual_stages={args.num_virtual_stages}',
              f'--rounds={args.rounds}', f'--warmup={args.warmup}',
              f'--timing_runs={args.timing_runs}'] + extra
   if pin:
@@ -358,7 +369,7 @@ def _Range(errors: List[float], digits: int = 0) -> str:
 
 
 def _TimeCells(m: int, schedule: str, rounds: List[Dict[str, Any]],
-               summed_s: float) -> List[str]:
+               summed_s: float, v: int = 1) -> List[str]:
   """The table's time cells of one configuration (module docstring);
   `summed_s` is the layer sums' prediction, given in brackets.
 
@@ -378,7 +389,7 @@ def _TimeCells(m: int, schedule: str, rounds: List[Dict[str, Any]],
   # Runs before ZB-H1 kept no W: none ran.
   prof_w = least([r.get('w') or [0.0] * len(prof_fb) for r in rounds])
   hops = [min(h) for h in zip(*[r['hop_s'] for r in rounds])]
-  table = step_model.MakeTable(schedule, len(prof_fb), m)
+  table = step_model.MakeTable(schedule, len(prof_fb), m, v)
   pred = schedule_lib.Simulate(
       table, [f for f, _ in prof_fb], [b for _, b in prof_fb], 0.0,
       hops or None, weight_s=prof_w if table.split_backward else None).step
@@ -418,8 +429,8 @@ def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any],
   for label, p in pred.items():
     k, m, schedule = _Parse(label)
     rounds = meas[label]['rounds']
-    t = (_TimeCells(m, schedule, rounds, p['summed_step_s']) if rounds
-         else ['n/a'] * 7)
+    t = (_TimeCells(m, schedule, rounds, p['summed_step_s'], p.get('v', 1))
+         if rounds else ['n/a'] * 7)
     mem_p, mem_m = p['step_bytes'], meas[label]['step_bytes']
     runs = meas[label]['step_bytes_runs']
     measured = [f'{x / mib:.1f}' + (
@@ -465,6 +476,8 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
                       choices=['always', 'never'],
                       help="Every configuration's recompute mode; zb_h1 "
                       "needs 'never'.")
+  parser.add_argument('--num_virtual_stages', type=int, default=2,
+                      help='V, stages per worker of interleaved_1f1b.')
   parser.add_argument('--parts', default='memory,time',
                       help='What to measure: memory, time or both.')
   parser.add_argument('--wait_idle', type=int, default=1,
@@ -479,8 +492,8 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
     parser.error(f'--memory_runs={args.memory_runs}: give at least 1.')
   bad = [x for x in args.schedules.split(',') if x not in SCHEDULES]
   if bad:
-    parser.error(f'--schedules={args.schedules}: {bad} not in {SCHEDULES} '
-                 '(one stage per device); give some of those.')
+    parser.error(f'--schedules={args.schedules}: {bad} not in {SCHEDULES}; '
+                 'give some of those.')
   if 'zb_h1' in args.schedules.split(',') and args.recompute != 'never':
     parser.error(f'--schedules={args.schedules} with '
                  f'--recompute={args.recompute}: zb_h1 keeps every '
