@@ -258,19 +258,20 @@ def _KeptBackward(name: str, cell: residuals.SplitCell,
   acc = [tf.zeros_like(t) if residuals.IsFloat(t) else None
          for t in theta_leaves]
   _, carry = halves.Input(theta_leaves, x, kept, dy, y)
-  # Each called from a tf.function of no arguments, as the pipeline's
-  # graph calls it: called eagerly, its hundreds of inputs cost
-  # milliseconds of Python (AmoebaNet-D (6, 16), 530 residuals: B 34.5
-  # ms, 29.5 so); inlined there, it ran 7-20% faster than in the pipeline.
+  # Each stage function (not inlined, _StageFunction) is called from a
+  # tf.function of no arguments, as the pipeline's graph calls it: called
+  # eagerly, its hundreds of inputs cost milliseconds of Python
+  # (AmoebaNet-D (6, 16), 530 residuals: B 34.5 ms against 29.5), and
+  # inlined into its caller it ran 7-20% faster than in the pipeline.
   calls = {what: tf.function(fn, autograph=False) for what, fn in {
       'kept': lambda: cell.Backward(theta_leaves, x, kept, dy, y, acc),
       'input': lambda: halves.Input(theta_leaves, x, kept, dy, y),
       'weight': lambda: halves.Weight(theta_leaves, x, kept, dy, y, carry,
                                       acc)}.items()}
+  read = halves.WeightResiduals(theta_leaves, x, kept, dy, y)
   out = {'kept_residual_bytes': None if before is None else after - before,
-         'carry_bytes': _Bytes(carry), 'weight_read_bytes': _KeptBytes(
-      cell, theta_leaves, x,
-      halves.WeightResiduals(theta_leaves, x, kept, dy, y))[0]}
+         'carry_bytes': _Bytes(carry),
+         'weight_read_bytes': _KeptBytes(cell, theta_leaves, x, read)[0]}
   for what, call in calls.items():
     call()  # traced before the allocator's peak is read
     out[f'{what}_backward_peak_bytes'] = PeakBytes(call, (), allocator)

@@ -74,19 +74,20 @@ The counts come from the table alone (`Holding`). In flight: F(s, m)
 through B(s, m): M for GPipe, min(K - s, M) for 1F1B
 (schedule.InFlight: through W(s, m) if split, here in flight then
 waiting). An input is held through B(s, m) (W(s, m) if split) too, and
-from earlier than F(s, m): a stage fed by another
-device from the action before F(s, m) on its device (the input arrives
-while that action runs, so 1F1B's stage s > 0 holds K - s + 1 inputs
-during its backwards); a stage fed by its own device (V > 1, K = 1)
-from the action after F(s - 1, m). Stage 0's inputs are slices of the
+from earlier than F(s, m): a stage fed by another device from the action
+before F(s, m) on its device (the input arrives while that action runs,
+so 1F1B's stage s > 0 holds K - s + 1 inputs during its backwards); a
+stage fed by its own device (V > 1, K = 1) from the action after
+F(s - 1, m). Stage 0's inputs are slices of the
 batch (views, on the batch axis), which lives through the step: all M,
 whatever the schedule (an embedded batch is made in the step; a batch
 fed to it is not, and then this over-counts by one batch's input).
 
-  K=2 M=4 (inputs, in flight, waiting for W) at their peak:
+  K=2 M=4 (inputs, in flight, waiting for W) at their most:
     gpipe  stage 0: (4, 4, 0)  stage 1: (4, 4, 0)  output gradients 4
     1f1b   stage 0: (4, 2, 0)  stage 1: (2, 1, 0)  output gradients 1
-    zb_h1  stage 0: (4, 2, 0)  stage 1: (3, 1, 1)  output gradients 1
+    zb_h1  stage 0: (4, 2, 0), (4, 1, 1)  stage 1: (2, 1, 1), (3, 0, 2)
+           output gradients 2 (in flight or waiting)
 
 A device with V > 1 stages holds their resident, gradients and, action
 by action, the sum of what each stage holds (`PredictDevices`).
