@@ -250,8 +250,9 @@ def _KeptBackward(name: str, cell: residuals.SplitCell,
   weight_*, carry_bytes and weight_read_bytes, by field name; the three
   backward calls to time, warmed up), for output gradients of ones."""
   halves = backward_split.BackwardSplit(cell, name, _StageFunction)
-  # What the forward leaves held, the least of three calls: a call can
-  # leave a cache of the runtime's besides (once 0.86 MiB in the suite).
+  # What the forward leaves held, the least of three calls: the allocator
+  # counts whole chunks, so a block that lands in a larger free chunk
+  # reads more (0.86 MiB more, seen in a process with a history).
   held = []
   for _ in range(3):
     y = kept = None  # the last call's, let go before this one's reading
