@@ -51,13 +51,14 @@ def _StagePeaks(profiles: Sequence[Profile], num_partitions: int, m: int,
   """peak(k, s, e): stage k holding layers s..e-1, in the layout's table
   for K = num_partitions devices."""
   s_total = num_partitions * layout.num_virtual_stages
-  states = step_model.StageStates(layout.Table(num_partitions, m))
+  table = layout.Table(num_partitions, m)
+  states = step_model.StageStates(table)
 
   @functools.lru_cache(maxsize=None)
   def Peak(k: int, s: int, e: int) -> int:
     return step_model.PredictPartition(
         profiles[s:e], m, step_model.KeepsActivations(recompute, k, s_total),
-        k == s_total - 1, states[k]).peak_bytes
+        k == s_total - 1, states[k], table.split_backward).peak_bytes
 
   return Peak
 

@@ -24,6 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 from lingvo_pipe.core import layers  # noqa: E402
 from lingvo_pipe.core import schedule  # noqa: E402
+from lingvo_pipe.tools import budget_split  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 from lingvo_pipe.tools import plan  # noqa: E402
 from lingvo_pipe.tools import step_model  # noqa: E402
@@ -94,6 +95,19 @@ class HoldingTest(absltest.TestCase):
     self.assertEqual([p.carry_bytes for p in zb], [4 * MIB, 4 * MIB])
     one = step_model.Predict(profiles, [0, 1, 2], 4, 'never', '1f1b')
     self.assertEqual([p.kept_bytes for p in one], [11 * MIB, 6 * MIB])
+
+
+  def testTheSplitUnderABudgetCountsWhatWaitsForW(self):
+    # Four layers, K=2 M=4: the split's peaks under a budget are the
+    # prediction's, carries and W's residuals included.
+    profiles = [dataclasses.replace(_Layer(i), param_bytes=(i + 1) * MIB)
+                for i in range(4)]
+    zb = plan.Layout('zb_h1')
+    least = budget_split.LeastPeak(profiles, 2, 4, 'never', zb)
+    bounds = budget_split.Split(profiles, 2, 4, 'never', least, zb)
+    peaks = [p.peak_bytes for p in step_model.Predict(
+        profiles, bounds, 4, 'never', 'zb_h1')]
+    self.assertEqual(max(peaks), least)
 
 
 class KeptBackwardTest(absltest.TestCase):
