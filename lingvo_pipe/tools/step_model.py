@@ -390,9 +390,9 @@ def PredictPartition(part: Sequence[Profile], num_micro_batches: int,
   backward, weight, carry = sum(p.backward_s for p in part), 0.0, 0
   work = max(BackwardWorkingBytes(part, is_last), params) - residuals
   weight_work = 0
-  if keeps and all(p.kept_backward_s is not None for p in part):
-    backward = sum(p.kept_backward_s for p in part)
   if keeps:
+    if all(p.kept_backward_s is not None for p in part):
+      backward = sum(p.kept_backward_s for p in part)
     work = _Or(KeptWorkingBytes(part, is_last, 'kept'), work)
   if split:
     backward, weight, carry = _Halves(part)
