@@ -423,13 +423,17 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
                               num_runs: int = 5,
                               timeout: float = 1800.0,
                               input_gradient: bool = True,
-                              keeps_activations: bool = False
+                              keeps_activations: bool = False,
+                              num_virtual_stages: int = 1
                               ) -> List[LayerProfile]:
   """ProfilePartitions' profiles, measured all at once as K worker
   processes on this host run them: partition k in a child process pinned
   to `cores[k]`, each measured while the others run theirs (and, once
   done, run its gradient step in a loop until every partition is
-  measured).
+  measured). With `num_virtual_stages` V > 1, the S partitions are the
+  stages of K = S / V workers, stage s on worker s mod K (interleaved
+  1F1B's placement): worker k's child measures its V stages one after
+  another, beside the other workers' children.
 
   Partitions that share a host's caches and memory slow each other: on
   this machine AmoebaNet-D's first partition's backward took 19% longer
@@ -442,12 +446,19 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
   """
   parts = [_Typed(p, dtype) for p in partitioner.Cells(
       partitioner.NamedCopies(layers), bounds, prefix='partition')]
-  cores = list(cores)
-  if len(cores) < len(parts):
+  cores, v = list(cores), num_virtual_stages
+  if v < 1 or len(parts) % v:
     raise ValueError(
-        f'{len(parts)} partitions need {len(parts)} cores, got '
-        f'cores={cores}: give one core per partition.')
-  cores = cores[:len(parts)]
+        f'num_virtual_stages={v} must divide the {len(parts)} partitions; '
+        'change V or the split.')
+  k_workers = len(parts) // v
+  if len(cores) < k_workers:
+    what = (f'{len(parts)} partitions' if v == 1 else
+            f'{len(parts)} stages, {v} a worker, on {k_workers} workers')
+    raise ValueError(
+        f'{what} need {k_workers} cores, got cores={cores}: give one core '
+        f'per {"partition" if v == 1 else "worker"}.')
+  cores = cores[:k_workers]
   if len(set(cores)) < len(cores):
     raise ValueError(
         f'cores={cores} repeats a core: partitions on one core take turns '
@@ -458,11 +469,12 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
         f'cores={cores}: {bad} not on this machine, which has cores 0 to '
         f'{(os.cpu_count() or 1) - 1}.')
   ctx = multiprocessing.get_context('spawn')  # TF does not survive fork
-  barrier, stop, results = ctx.Barrier(len(parts)), ctx.Event(), ctx.Queue()
+  barrier, stop, results = ctx.Barrier(k_workers), ctx.Event(), ctx.Queue()
+  stages = [list(range(k, len(parts), k_workers)) for k in range(k_workers)]
   procs = [ctx.Process(
       target=_TogetherChild, daemon=True,
-      args=(k, core, parts, input_shapes, dtype, optimizer_p, num_runs,
-            barrier, stop, results, input_gradient or k > 0,
+      args=(stages[k], core, parts, input_shapes, dtype, optimizer_p,
+            num_runs, barrier, stop, results, input_gradient,
             keeps_activations))
            for k, core in enumerate(cores)]
   got = {}
@@ -475,9 +487,9 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
         k, profile, error = results.get(timeout=1.0)
       except queue.Empty:
         lost = [k for k, proc in enumerate(procs)
-                if proc.exitcode is not None and k not in got]
+                if proc.exitcode is not None and set(stages[k]) - set(got)]
         if lost:
-          _RaiseChildError(results, lost[0], cores, procs)
+          _RaiseChildError(results, lost[0], stages, cores, procs)
         if time.monotonic() > deadline:
           raise TimeoutError(
               f'profiling {len(parts)} partitions together took over '
@@ -497,8 +509,8 @@ def ProfilePartitionsTogether(layers: Sequence[hyperparams.Params],
   return [got[k] for k in range(len(parts))]
 
 
-def _RaiseChildError(results: Any, k: int, cores: List[int],
-                     procs: List[Any]) -> None:
+def _RaiseChildError(results: Any, k: int, stages: List[List[int]],
+                     cores: List[int], procs: List[Any]) -> None:
   """Raises the first error a child reported, or why child k ended."""
   try:
     _, _, error = results.get(timeout=5.0)
@@ -506,18 +518,23 @@ def _RaiseChildError(results: Any, k: int, cores: List[int],
     error = None
   if error:
     raise RuntimeError(error)
+  which = ('partition ' if len(stages[k]) == 1 else 'partitions ') + (
+      ' and '.join(map(str, stages[k])))
   raise RuntimeError(
-      f'the process profiling partition {k} on core {cores[k]} ended '
+      f'the process profiling {which} on core {cores[k]} ended '
       f'(exit code {procs[k].exitcode}) before its profile: if it was '
       'killed for memory, profile fewer micro-batches\' worth at once.')
 
 
-def _TogetherChild(k: int, core: int, parts: List[hyperparams.Params],
-                   input_shapes: Any, dtype: tf.DType,
+def _TogetherChild(stages: List[int], core: int,
+                   parts: List[hyperparams.Params], input_shapes: Any,
+                   dtype: tf.DType,
                    optimizer_p: Optional[hyperparams.Params], num_runs: int,
                    barrier: Any, stop: Any, results: Any,
                    input_gradient: bool, keeps_activations: bool) -> None:
-  """ProfilePartitionsTogether's partition k, in its own process."""
+  """ProfilePartitionsTogether's partitions `stages` (one worker's), in
+  their own process."""
+  s = stages[0]
   try:
     # Before TensorFlow makes its thread pools, which size to the cores.
     os.sched_setaffinity(0, {core})
@@ -526,25 +543,32 @@ def _TogetherChild(k: int, core: int, parts: List[hyperparams.Params],
     args = partitioner.RandomInputs(
         partitioner.InputArgs(input_shapes),
         partitioner.LayerDtype(parts[0], dtype))
-    for q in parts[:k]:  # the real inputs of partition k
-      layer = q.Instantiate()
-      layer.SetTraining(True)
-      out = tf.function(lambda *a, lay=layer: lay.FProp(lay.theta, *a),
-                        autograph=False)(*args)
-      args = out if isinstance(out, tuple) else (out,)
-    # All partitions time at once, after every one's tracing and memory
-    # readings, so each is timed beside running neighbours.
-    profile, _, (step, inputs) = _ProfileOne(
-        parts[k], args, optimizer_p, num_runs, AllocatorDevice(),
-        ready=barrier.wait, input_gradient=input_gradient,
-        keeps_activations=keeps_activations)
+    inputs = {}
+    for q, p in enumerate(parts[:stages[-1] + 1]):  # the real inputs
+      inputs[q] = args
+      if q < stages[-1]:
+        layer = p.Instantiate()
+        layer.SetTraining(True)
+        out = tf.function(lambda *a, lay=layer: lay.FProp(lay.theta, *a),
+                          autograph=False)(*args)
+        args = out if isinstance(out, tuple) else (out,)
+    # All workers' first stages time at once, after every one's tracing
+    # and memory readings, so each is timed beside running neighbours; a
+    # worker's later stages beside whatever its neighbour then runs.
+    ready = barrier.wait
+    for s in stages:
+      profile, _, (step, step_inputs) = _ProfileOne(
+          parts[s], inputs[s], optimizer_p, num_runs, AllocatorDevice(),
+          ready=ready, input_gradient=input_gradient or s > 0,
+          keeps_activations=keeps_activations)
+      ready = None
+      results.put((s, profile, None))
   except threading.BrokenBarrierError:
     return  # another partition failed first and said why
   except Exception as err:  # pylint: disable=broad-except
-    results.put((k, None, f'profiling partition {k} on core {core} failed: '
+    results.put((s, None, f'profiling partition {s} on core {core} failed: '
                  f'{type(err).__name__}: {err}'))
     barrier.abort()
     return
-  results.put((k, profile, None))
   while not stop.is_set():  # stay a busy neighbour
-    step(*inputs)
+    step(*step_inputs)

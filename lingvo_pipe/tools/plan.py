@@ -63,8 +63,8 @@ the measured layers then get one core, as each partition will. Give it
 the workers' cores too (`--cores=0,1`): the chosen split's partitions are
 then measured all at once, partition k in a process pinned to the k-th
 core, so each is timed beside busy neighbours, as in the pipeline's
-steady state (V = 1: with V > 1 stages per device the stages are
-measured one after another). Partitions sharing a host's caches and
+steady state (with V > 1 stages per device, each device's process
+measures its stages one after another). Partitions sharing a host's caches and
 memory slow each other: on an earlier VM AmoebaNet-D's first partition's
 backward took 19% longer with the other core busy (docs/DESIGN.md
 section 18). Without
@@ -156,7 +156,8 @@ class PlanResult:
   budget: Optional[int] = None
   why: str = ''
   # Set by Refine: one profile per partition, each measured whole, and
-  # the cores they were measured on at once (None: one after another).
+  # the cores of the devices they were measured on at once (None: one
+  # after another).
   partition_profiles: Optional[List[Profile]] = None
   cores: Optional[List[int]] = None
   # What a boundary tensor costs to hand on (transfer_profile), and so
@@ -170,7 +171,6 @@ class PlanResult:
       default_factory=list)
   busy_s: List[float] = dataclasses.field(default_factory=list)
   why_schedule: str = ''  # set when the schedule was suggested
-  note: str = ''
   # R > 1 replicas: the exchange, and each stage's all-reduce (A action).
   exchange: Exchange = Exchange()
   all_reduce_s: List[float] = dataclasses.field(default_factory=list)
@@ -264,8 +264,6 @@ class PlanResult:
             f'{self.busy_s[d]:.3f} s of the step, peak '
             f'{Bytes(dev.peak_bytes)} = {Bytes(dev.resident_bytes)} + '
             f'{Bytes(dev.gradient_bytes)} + {Bytes(dev.kept_bytes)}')
-    if self.note:
-      lines.append(f'  ({self.note})')
     return lines
 
   def __str__(self) -> str:
@@ -414,9 +412,9 @@ def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
   docstring): `layers` are the pipeline's layer params, `input_shapes`
   the first layer's inputs for one micro-batch. With `cores` (one per
   partition), the partitions are measured all at once, each pinned to its
-  core (layer_profile.ProfilePartitionsTogether); else one after another
-  on the current device, as are the stages of a layout with V > 1 (one
-  core per stage is not what runs). The hand-offs between partitions cost
+  core (layer_profile.ProfilePartitionsTogether; with V > 1 stages per
+  device, one process per device measures its stages, one per core);
+  else one after another on the current device. The hand-offs cost
   `transfer`, measured (MeasureTransfer) if not given. `input_gradient`:
   whether the step differentiates the pipeline's input
   (layer_profile.ProfileLayers'); a first partition that keeps its
@@ -424,13 +422,14 @@ def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
   `exchange`: the replicas' all-reduce, by default `result`'s."""
   input_gradient = input_gradient or step_model.KeepsActivations(
       result.recompute, 0, len(result.bounds) - 1)
-  together = cores and result.layout.num_virtual_stages == 1
+  together = bool(cores)
   how = dict(optimizer_p=optimizer_p, num_runs=num_runs,
              input_gradient=input_gradient,
              keeps_activations=result.recompute == 'never')
   if together:
     parts = layer_profile.ProfilePartitionsTogether(
-        layers, result.bounds, input_shapes, cores, **how)
+        layers, result.bounds, input_shapes, cores,
+        num_virtual_stages=result.layout.num_virtual_stages, **how)
   else:
     parts = layer_profile.ProfilePartitions(layers, result.bounds,
                                             input_shapes, **how)
@@ -441,13 +440,11 @@ def Refine(result: PlanResult, layers: Sequence[Any], input_shapes: Any,
                          result.num_micro_batches, result.recompute,
                          result.budget, transfer, result.layout,
                          exchange or result.exchange)
-  note = ('stages measured one after another: --cores measures one '
-          'partition per core, V = 1' if cores and not together else '')
   return dataclasses.replace(
       predicted, bounds=result.bounds, profiles=result.profiles,
       why=result.why, why_schedule=result.why_schedule,
       partition_profiles=parts,
-      cores=list(cores)[:len(parts)] if together else None, note=note)
+      cores=list(cores)[:result.num_devices] if together else None)
 
 
 def InLayout(result: PlanResult, layout: Layout) -> PlanResult:
@@ -463,7 +460,7 @@ def InLayout(result: PlanResult, layout: Layout) -> PlanResult:
       result.transfer, layout, result.exchange)
   return dataclasses.replace(
       predicted, bounds=result.bounds, profiles=result.profiles,
-      partition_profiles=parts, cores=result.cores, note=result.note)
+      partition_profiles=parts, cores=result.cores)
 
 
 def _TooSmall(profiles: Sequence[Profile], k: int, m: int, recompute: str,

@@ -172,6 +172,26 @@ class ProfilePartitionsTogetherTest(absltest.TestCase):
       self.assertGreater(two.forward_s, 0)
       self.assertGreater(two.forward_s + two.backward_s, 0)
 
+  def testStagesOfAWorkerAreMeasuredInItsProcess(self):
+    """V = 2: four stages on two workers, stage s on worker s mod 2; each
+    stage's counts are those of ProfilePartitions, which measures it on
+    the real outputs of the stages before it."""
+    ps = _Projections([8, 16, 32, 4, 12, 6])
+    shape, bounds = tf.TensorShape([5, 8]), [0, 1, 2, 4, 5]
+    alone = layer_profile.ProfilePartitions(ps, bounds, shape, num_runs=1)
+    together = layer_profile.ProfilePartitionsTogether(
+        ps, bounds, shape, self.cores, num_runs=1, num_virtual_stages=2)
+    self.assertEqual([p.name for p in together],
+                     [f'partition_{s}' for s in range(4)])
+    timed = ('forward_s', 'backward_s', 'backward_peak_bytes')
+    for one, two in zip(alone, together):
+      for field in dataclasses.fields(one):
+        if field.name not in timed:
+          self.assertEqual(getattr(two, field.name),
+                           getattr(one, field.name),
+                           f'{one.name}: {field.name}')
+      self.assertGreater(two.forward_s + two.backward_s, 0)
+
   def testAPartitionThatFailsSaysWhichAndWhere(self):
     ps = _Projections([8, 16, 32, 4])
     ps[2].input_dim = 7  # partition 1 gets 32 features
@@ -193,6 +213,15 @@ class ProfilePartitionsTogetherTest(absltest.TestCase):
          'which has cores 0 to ')):
       with self.assertRaisesRegex(ValueError, error):
         layer_profile.ProfilePartitionsTogether(ps, [0, 1, 2], shape, cores)
+    ps = _Projections([8, 16, 4, 8, 4])
+    for v, cores, error in (
+        (3, [0, 1], r'^num_virtual_stages=3 must divide the 4 partitions; '
+         r'change V or the split\.$'),
+        (2, [0], r'^4 stages, 2 a worker, on 2 workers need 2 cores, got '
+         r'cores=\[0\]: give one core per worker\.$')):
+      with self.assertRaisesRegex(ValueError, error):
+        layer_profile.ProfilePartitionsTogether(
+            ps, [0, 1, 2, 3, 4], shape, cores, num_virtual_stages=v)
 
 
 if __name__ == '__main__':
