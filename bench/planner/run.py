@@ -192,6 +192,7 @@ def _Predict(args: argparse.Namespace) -> None:
           'fb': [(p.forward_s, p.backward_s) for p in res.partitions],
           'w': [p.weight_s for p in res.partitions],
           'hop_s': res.hop_s, 'transfer': str(transfer),
+          'hop_busy': list(transfer.busy),
           'summed_step_s': summed.step_s,
           'summed_step_bytes': [d.step_bytes for d in summed.devices]}
   print(json.dumps(out), flush=True)
@@ -389,10 +390,13 @@ def _TimeCells(m: int, schedule: str, rounds: List[Dict[str, Any]],
   # Runs before ZB-H1 kept no W: none ran.
   prof_w = least([r.get('w') or [0.0] * len(prof_fb) for r in rounds])
   hops = [min(h) for h in zip(*[r['hop_s'] for r in rounds])]
+  # Runs before the hand-offs' share of the cores was measured: none.
+  busy = tuple(rounds[0].get('hop_busy', (0.0, 0.0)))
   table = step_model.MakeTable(schedule, len(prof_fb), m, v)
   pred = schedule_lib.Simulate(
       table, [f for f, _ in prof_fb], [b for _, b in prof_fb], 0.0,
-      hops or None, weight_s=prof_w if table.split_backward else None).step
+      hops or None, weight_s=prof_w if table.split_backward else None,
+      hop_busy=busy).step
   meas = min(_Median(r['times']) for r in rounds)
   paired = [(r['step_s'] - _Median(r['times'])) / _Median(r['times'])
             for r in rounds]
@@ -556,6 +560,8 @@ def main(argv: Sequence[str]) -> None:
                       'w': rnd['predicted'][label].get('w'),
                       # Runs before the hand-off term had none.
                       'hop_s': rnd['predicted'][label].get('hop_s', []),
+                      'hop_busy': rnd['predicted'][label].get(
+                          'hop_busy', [0.0, 0.0]),
                       'times': rnd['measured'][label]['times'],
                       'replays': rnd['measured'][label]['replays']}
                      for rnd in rounds],

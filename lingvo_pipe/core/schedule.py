@@ -429,7 +429,8 @@ def Simulate(table: Schedule, forward_s: Optional[Sequence[float]] = None,
              overhead_s: float = 0.0,
              hop_s: Optional[Sequence[float]] = None,
              weight_s: Optional[Sequence[float]] = None,
-             all_reduce_s: Optional[Sequence[float]] = None) -> Simulation:
+             all_reduce_s: Optional[Sequence[float]] = None,
+             hop_busy: Tuple[float, float] = (0.0, 0.0)) -> Simulation:
   """Runs the table: each action starts when its device's previous action
   and the actions it reads are done, and lasts its stage's cost.
 
@@ -437,9 +438,15 @@ def Simulate(table: Schedule, forward_s: Optional[Sequence[float]] = None,
   with split backwards B and W one unit each), plus `overhead_s` per
   action. `hop_s[s]` (one per stage boundary, S-1) delays a dependency
   between stage s and s+1 when they are on different devices: the
-  hand-off of the activation forward and of its gradient back. An A(s)
-  lasts `all_reduce_s[s]` (default 0) and holds no device: its device
-  goes on with its next action (the exchange runs beside it).
+  hand-off of the activation forward and of its gradient back. A hand-off
+  may also take the two devices' own time (worker processes copy it on
+  their cores): `hop_busy` = (sender, receiver), the share of the hop
+  each loses. The sender's next action starts that much later; the
+  receiver's action lasts longer by its share of the part of the hop
+  during which it was still running earlier actions (an idle receiver
+  loses nothing). An A(s) lasts `all_reduce_s[s]` (default 0) and holds
+  no device: its device goes on with its next action (the exchange runs
+  beside it).
   """
   s_total = table.num_stages
   split = table.split_backward
@@ -457,23 +464,40 @@ def Simulate(table: Schedule, forward_s: Optional[Sequence[float]] = None,
   free = [0.0] * table.num_devices
   busy = [0.0] * table.num_devices
   times: Dict[Action, Tuple[float, float]] = {}
-  for d, a in RunOrder(table):
-    ready = free[d]
+  order = list(RunOrder(table))
+  sends = _Sends(order, s_total, devs, hops) if hop_busy[0] else {}
+  for d, a in order:
+    ready, received = free[d], 0.0
     for dep in Dependencies(a, s_total):
       delay = 0.0
       if devs[dep.stage] != d:
         delay = hops[min(dep.stage, a.stage)]
+        # The part of the hop while this device still ran earlier actions.
+        received += min(delay, max(free[d] - times[dep][1], 0.0))
       ready = max(ready, times[dep][1] + delay)
     if a.phase == ALL_REDUCE:
       times[a] = (ready, ready + costs[a.phase][a.stage])
       continue
-    cost = costs[a.phase][a.stage] + overhead_s
+    cost = costs[a.phase][a.stage] + overhead_s + hop_busy[1] * received
     times[a] = (ready, ready + cost)
-    free[d] = ready + cost
-    busy[d] += cost
+    sent = hop_busy[0] * sends.get(a, 0.0)
+    free[d] = ready + cost + sent
+    busy[d] += cost + sent
   stage_peak, device_peak = InFlight(table)
   step = max((e for _, e in times.values()), default=0.0)
   return Simulation(table, times, step, tuple(busy), stage_peak, device_peak)
+
+
+def _Sends(order: Sequence[Tuple[int, Action]], s_total: int,
+           devs: Sequence[int], hops: Sequence[float]
+           ) -> Dict[Action, float]:
+  """Per action, the hops of what it hands to other devices."""
+  sends: Dict[Action, float] = {}
+  for d, a in order:
+    for dep in Dependencies(a, s_total):
+      if devs[dep.stage] != d:
+        sends[dep] = sends.get(dep, 0.0) + hops[min(dep.stage, a.stage)]
+  return sends
 
 
 def InFlight(table: Schedule) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:

@@ -355,7 +355,8 @@ def _Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
       schedule.WithAllReduce(table) if replicated else table,
       [p.forward_s for p in parts], [p.backward_s for p in parts], 0.0,
       hops, all_reduce_s=all_reduce if replicated else None,
-      weight_s=[p.weight_s for p in parts] if table.split_backward else None)
+      weight_s=[p.weight_s for p in parts] if table.split_backward else None,
+      hop_busy=transfer.busy)
   return PlanResult(
       name=name, batch_size=batch_size, num_micro_batches=m,
       recompute=recompute, bounds=bounds, profiles=list(profiles),

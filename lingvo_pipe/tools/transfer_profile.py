@@ -62,6 +62,10 @@ class TransferCost:
   seconds_per_byte: float = 0.0
   between: str = ''  # what was measured (or why not), for the report
   measured: bool = False  # False: nothing measured, hand-offs are free
+  # The share of a hand-off during which the sending and the receiving
+  # device lose their own work (MeasureBusy; 0 where not measured).
+  sender_busy: float = 0.0
+  receiver_busy: float = 0.0
 
   def Seconds(self, num_bytes: int) -> float:
     """Nothing crosses, nothing costs: 0 for 0 bytes, latency included."""
@@ -70,9 +74,17 @@ class TransferCost:
     return self.latency_s + num_bytes * self.seconds_per_byte
 
   def __str__(self) -> str:
+    busy = (f', taking {self.sender_busy:.0%} of it from the sender and '
+            f'{self.receiver_busy:.0%} from the receiver'
+            if self.sender_busy or self.receiver_busy else '')
     return (f'{self.latency_s * 1e3:.2f} ms + '
-            f'{self.seconds_per_byte * 2**20 * 1e3:.3f} ms/MiB'
+            f'{self.seconds_per_byte * 2**20 * 1e3:.3f} ms/MiB' + busy
             + (f' ({self.between})' if self.between else ''))
+
+  @property
+  def busy(self) -> Tuple[float, float]:
+    """(sender, receiver) as schedule.Simulate's hop_busy."""
+    return (self.sender_busy, self.receiver_busy)
 
 
 def Fit(points: Sequence[Tuple[int, float]], between: str = ''
@@ -111,6 +123,74 @@ def Measure(src: str, dst: str, sizes: Sequence[int] = SIZES,
     return lambda size: fn(value, tf.constant([size // 4]))  # float32s
   return Fit(_Points(Call(remote), Call(local), sizes, num_runs),
              between=f'{src} -> {dst}')
+
+
+def MeasureBusy(src: str, dst: str, num_runs: int = 15, size: int = 2**21,
+                count: int = 16) -> Tuple[float, float]:
+  """(sender, receiver): the share of a hand-off from `src` to `dst`
+  during which each device's own work stops (worker processes copy the
+  bytes on their cores; a GPU's copy engines would not).
+
+  A chain of matrix products runs on one device, beside either `count`
+  tensors of `size` bytes made on `src` and each read on `dst` (the
+  hand-offs), or the same tensors made and read on `src` (the twin: the
+  same making, and the same neighbour busy, without hand-offs). What the
+  hand-offs add to the chain, over what they cost alone (hand-offs less
+  twin), is that device's share, clamped to [0, 1]. The chain is sized
+  to last about three times the hand-offs, so that it spans them.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  n = tf.constant([size // 4])  # float32s
+  value = tf.constant(1.0)
+
+  def Hand(read_on: str):
+    def Call(value, n):
+      outs = []
+      for i in range(count):
+        with tf.device(src):
+          x = tf.fill(n, value + float(i))
+        with tf.device(read_on):
+          outs.append(x[0])  # the whole tensor crosses to be read
+      with tf.device(read_on):
+        return tf.add_n(outs)
+    return Call
+
+  def Chain(on: str, steps: int):
+    def Call(value):
+      with tf.device(on):
+        a = tf.fill([256, 256], value * 1e-3)
+        x = a
+        for _ in range(steps):
+          x = tf.tanh(tf.matmul(x, a))
+        return tf.reduce_sum(x)
+    return Call
+
+  def Medians(*fns) -> List[float]:
+    """Each fn's median seconds, called in turn (as _Points)."""
+    times: List[List[float]] = [[] for _ in fns]
+    for _ in range(num_runs + 1):  # the first of each is a warm-up
+      for fn, out in zip(fns, times):
+        start = time.perf_counter()
+        tf.nest.map_structure(lambda t: t.numpy(), fn(value, n))
+        out.append(time.perf_counter() - start)
+    return [statistics.median(t[1:]) for t in times]
+
+  hand = tf.function(Hand(dst), autograph=False)
+  twin = tf.function(Hand(src), autograph=False)
+  probe = tf.function(lambda v, n: Chain(dst, 20)(v), autograph=False)
+  hand_s, twin_s, probe_s = Medians(hand, twin, probe)
+  hop = hand_s - twin_s
+  if hop <= 0:
+    return (0.0, 0.0)
+  steps = max(int(20 * 3 * hand_s / probe_s), 20)
+  shares = []
+  for on in (src, dst):
+    beside = [tf.function(
+        lambda v, n, c=Chain(on, steps), h=Hand(read_on): (c(v), h(v, n)),
+        autograph=False) for read_on in (dst, src)]
+    with_hops, without = Medians(*beside)
+    shares.append(min(max((with_hops - without) / hop, 0.0), 1.0))
+  return shares[0], shares[1]
 
 
 def _Points(measured: Callable[[int], Any], twin: Callable[[int], Any],
@@ -217,6 +297,9 @@ def _OnWorkers(cores: List[int], num_runs: int,
         cost = MeasureAllReduce(names[:2], num_runs=num_runs)
       else:
         cost = Measure(names[0], names[1], num_runs=num_runs)
+        sender, receiver = MeasureBusy(names[0], names[1], 2 * num_runs + 1)
+        cost = dataclasses.replace(cost, sender_busy=sender,
+                                   receiver_busy=receiver)
   kind = 'all-reduce over ' if what == 'all_reduce' else ''
   return dataclasses.replace(
       cost, between=f'{kind}worker servers on cores {cores[0]} and '

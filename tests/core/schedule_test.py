@@ -327,6 +327,26 @@ class SimulateTest(absltest.TestCase):
     self.assertEqual(4 * 1.5 + 4 * 2.5, sim.step)
     self.assertEqual(0.0, sim.bubble)
 
+  def testHopsThatTakeTheDevicesTime(self):
+    # GPipe K=2 M=2, F 1, B 2, hops of 0.5 taking half of the sender's
+    # time and all of the receiver's. The sender's next action waits
+    # 0.25 after each send. F1.1's input crosses 2.25-2.75 while device 1
+    # runs F1.0 until 2.5: it lasts 0.25 longer. F1.0's and B0.1's
+    # receivers wait idle for theirs and lose nothing; B0.0's crosses
+    # 8.25-8.75 while device 0 runs B0.1 until 8.5: 0.25 longer.
+    sim = schedule.Simulate(schedule.GPipe(2, 2), [1, 1], [2, 2],
+                            hop_s=[0.5], hop_busy=(0.5, 1.0))
+    self.assertEqual({
+        A('F', 0, 0): (0, 1), A('F', 0, 1): (1.25, 2.25),
+        A('F', 1, 0): (1.5, 2.5), A('F', 1, 1): (2.75, 4),
+        A('B', 1, 1): (4, 6), A('B', 1, 0): (6.25, 8.25),
+        A('B', 0, 1): (6.5, 8.5), A('B', 0, 0): (8.75, 11),
+    }, sim.times)
+    self.assertEqual((6.75, 6.75), sim.busy)
+    free = schedule.Simulate(schedule.GPipe(2, 2), [1, 1], [2, 2],
+                             hop_s=[0.5])
+    self.assertEqual((10, (6, 6)), (free.step, free.busy))
+
   def testWrongNumberOfCosts(self):
     table = schedule.GPipe(2, 2)
     with self.assertRaisesRegex(

@@ -773,10 +773,13 @@ class CommandLineTest(absltest.TestCase):
       # cores: moving bytes through gRPC is not free.
       match = re.search(r'Hand-offs per micro-batch, each way: 0->1 '
                         r'([\d.]+) ms; transfer ([\d.]+) ms \+ ([\d.]+) '
-                        r'ms/MiB \(worker servers on cores '
+                        r'ms/MiB, taking (\d+)% of it from the sender and '
+                        r'(\d+)% from the receiver \(worker servers on cores '
                         f'{cores[0]} and {cores[1]}\\)', out.stdout)
       self.assertIsNotNone(match, out.stdout)
       self.assertGreater(float(match.group(3)), 0.0)
+      # Worker processes copy the bytes on their own cores.
+      self.assertGreater(int(match.group(4)) + int(match.group(5)), 0)
 
 
 if __name__ == '__main__':

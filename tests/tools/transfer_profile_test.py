@@ -41,6 +41,21 @@ class TransferProfileTest(absltest.TestCase):
     self.assertGreaterEqual(cost.seconds_per_byte, 0.0)
     self.assertEqual(cost.between, f'{names[0]} -> {names[1]}')
 
+  def testShareOfTheDevicesTime(self):
+    names = devices.SplitCpu(4)
+    shares = transfer_profile.MeasureBusy(names[0], names[1], num_runs=1,
+                                          size=2**16, count=2)
+    self.assertLen(shares, 2)
+    for share in shares:  # clamped: noise cannot make it negative or > 1
+      self.assertBetween(share, 0.0, 1.0)
+    cost = transfer_profile.TransferCost(
+        latency_s=0.001, seconds_per_byte=1e-3 / MIB, between='w0 -> w1',
+        measured=True, sender_busy=0.6, receiver_busy=0.75)
+    self.assertEqual(cost.busy, (0.6, 0.75))
+    self.assertEqual(str(cost), '1.00 ms + 1.000 ms/MiB, taking 60% of it '
+                     'from the sender and 75% from the receiver (w0 -> w1)')
+    self.assertEqual(transfer_profile.TransferCost().busy, (0.0, 0.0))
+
   def testAllReduceOverRCopiesFromTwo(self):
     cost = transfer_profile.TransferCost(latency_s=0.002,
                                          seconds_per_byte=1e-3 / MIB,
