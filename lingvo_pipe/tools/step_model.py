@@ -38,6 +38,10 @@ GPipe with hops of 0.5:
     dev 1:            F0 1.5-3.5  F1 3.5-5.5  B1 5.5-9.5  B0 9.5-13.5
     step = 17
 
+Between worker processes a hop also takes both devices' cores for a
+measured share of it (transfer_profile.MeasureBusy; `plan` passes it to
+schedule.Simulate as hop_busy).
+
 Memory of stage s, for one step, in bytes: resident, params P_s +
 optimizer slots S_s; during each action of its device, the sum of
   gradients  P_s once the running sum of the gradients exists: after the
