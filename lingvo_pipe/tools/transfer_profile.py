@@ -12,7 +12,9 @@ hop_s), measured here between two of the target's devices:
   MeasureBetweenCores(cores)  two worker servers on this host, pinned to
                            cores[0] and cores[1] (LocalWorkers), as the
                            trainer's workers run; measured in a child
-                           process, which starts and stops them
+                           process, which starts and stops them; with
+                           the share of each hand-off that each worker's
+                           core loses to it (MeasureBusy)
 
 For each size in SIZES, one tf.function makes a tensor of that many bytes
 on `src` and sums it on `dst`; its twin makes and sums it on `dst`. The
