@@ -168,14 +168,8 @@ def MeasureBusy(src: str, dst: str, num_runs: int = 15, size: int = 2**21,
     return Call
 
   def Medians(*fns) -> List[float]:
-    """Each fn's median seconds, called in turn (as _Points)."""
-    times: List[List[float]] = [[] for _ in fns]
-    for _ in range(num_runs + 1):  # the first of each is a warm-up
-      for fn, out in zip(fns, times):
-        start = time.perf_counter()
-        tf.nest.map_structure(lambda t: t.numpy(), fn(value, n))
-        out.append(time.perf_counter() - start)
-    return [statistics.median(t[1:]) for t in times]
+    return _Medians([lambda fn=fn: tf.nest.map_structure(
+        lambda t: t.numpy(), fn(value, n)) for fn in fns], num_runs)
 
   hand = tf.function(Hand(dst), autograph=False)
   twin = tf.function(Hand(src), autograph=False)
@@ -195,20 +189,28 @@ def MeasureBusy(src: str, dst: str, num_runs: int = 15, size: int = 2**21,
   return shares[0], shares[1]
 
 
+def _Medians(calls: Sequence[Callable[[], Any]], num_runs: int
+             ) -> List[float]:
+  """Each call's median seconds, the calls made in turn `num_runs` times
+  each after a warm-up."""
+  times: List[List[float]] = [[] for _ in calls]
+  for _ in range(num_runs + 1):  # the first of each is a warm-up
+    for call, out in zip(calls, times):
+      start = time.perf_counter()
+      call()
+      out.append(time.perf_counter() - start)
+  return [statistics.median(t[1:]) for t in times]
+
+
 def _Points(measured: Callable[[int], Any], twin: Callable[[int], Any],
             sizes: Sequence[int], num_runs: int) -> List[Tuple[int, float]]:
   """(size, median seconds of measured(size) less twin(size)'s), the two
   called alternately `num_runs` times each after a warm-up."""
   points = []
   for size in sizes:
-    times: Tuple[List[float], List[float]] = ([], [])
-    for _ in range(num_runs + 1):  # the first of each is a warm-up
-      for fn, out in zip((measured, twin), times):
-        start = time.perf_counter()
-        fn(size).numpy()
-        out.append(time.perf_counter() - start)
-    points.append((size, statistics.median(times[0][1:])
-                   - statistics.median(times[1][1:])))
+    measured_s, twin_s = _Medians([lambda: measured(size).numpy(),
+                                   lambda: twin(size).numpy()], num_runs)
+    points.append((size, measured_s - twin_s))
   return points
 
 
