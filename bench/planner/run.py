@@ -244,6 +244,20 @@ def _StepMemory(fn: Any, inputs: Any, pids: List[int],
   return [max(r) for r in zip(*readings)]
 
 
+def _TracedPeaks(fn: Any, inputs: Any, pids: List[int],
+                 addresses: List[str]) -> List[List[int]]:
+  """Per worker, one step traced by its profiler: [its allocator's peak
+  in use, the tensors' own bytes at that peak] above what it held before
+  (memory_worker.TraceStep; the allocator that peaked highest)."""
+  traced = memory_worker.TraceStep(pids, addresses,
+                                   lambda: fn(inputs)[0].numpy())
+  out = []
+  for allocators in traced:
+    peak = max(allocators.values(), key=lambda a: a['in_use'])
+    out.append([peak['in_use'], peak['tensors_at_peak']])
+  return out
+
+
 def _Replay(trace: Any) -> Dict[str, Any]:
   """One traced step: the measured span of its tasks; each stage's mean
   measured F and B (B with its re-computation; and W); and the table that
@@ -287,6 +301,8 @@ def _Measure(args: argparse.Namespace) -> None:
     if args.part == 'memory':
       out[label]['step_bytes'] = _StepMemory(fn, inputs, pids[:k],
                                              addresses[:k])
+      out[label]['traced'] = _TracedPeaks(fn, inputs, pids[:k],
+                                          addresses[:k])
   rounds = args.rounds if args.part == 'time' else 0
   for label in stack_lib.Rotations(list(fns), rounds):
     # First a step untimed: a user's step follows one of its own, while
@@ -428,8 +444,10 @@ def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any],
            'tasks against their span: median (range) | the step beyond its '
            'tasks\' span: median (range) | step memory per '
            'worker predicted (layer sums) | measured, median (range) | '
-           'error (layer sums) |',
-           '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+           'error (layer sums) | a traced step: the tensors at the '
+           'allocator\'s peak, the prediction\'s error against them; the '
+           'chunks above the tensors |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   for label, p in pred.items():
     k, m, schedule = _Parse(label)
     rounds = meas[label]['rounds']
@@ -447,8 +465,22 @@ def _Table(model: str, pred: Dict[str, Any], meas: Dict[str, Any],
                     for x, y in zip(mem_p, sum_mem)) + ' MiB | '
         + ', '.join(measured) + ' MiB | '
         + ', '.join(f'{_Error(a, c)} ({_Error(b, c)})'
-                    for a, b, c in zip(mem_p, sum_mem, mem_m)) + ' |')
+                    for a, b, c in zip(mem_p, sum_mem, mem_m)) + ' | '
+        + _TracedCell(mem_p, meas[label].get('traced_runs', [])) + ' |')
   return '\n'.join(lines)
+
+
+def _TracedCell(predicted: List[int], runs: List[List[List[int]]]) -> str:
+  """Medians over the runs, per worker, of the traced step's tensors at
+  its peak; the prediction's error against them; the chunks' excess."""
+  if not runs:
+    return 'n/a'
+  per_worker = list(zip(*runs))  # per worker: [in_use, tensors] per run
+  tensors = [_Median([t for _, t in w]) for w in per_worker]
+  chunks = [_Median([u / t - 1 for u, t in w if t > 0]) for w in per_worker]
+  return (', '.join(f'{t / 2**20:.1f}' for t in tensors) + ' MiB: ' +
+          ', '.join(_Error(p, t) for p, t in zip(predicted, tensors)) +
+          '; chunks ' + ', '.join(f'{c:+.0%}' for c in chunks))
 
 
 def _Args(argv: Sequence[str]) -> argparse.Namespace:
@@ -567,7 +599,9 @@ def main(argv: Sequence[str]) -> None:
                      for rnd in rounds],
           'step_bytes': ([int(statistics.median(w)) for w in zip(*runs)]
                          if runs else [0] * len(pred[label]['step_bytes'])),
-          'step_bytes_runs': runs}
+          'step_bytes_runs': runs,
+          'traced_runs': [run[label]['traced'] for run in memory_runs
+                          if 'traced' in run[label]]}
     results[model] = {'predicted': pred, 'measured': meas,
                       'core_seconds': speeds, 'recompute': args.recompute}
     print('\n' + _Table(model, pred, meas, args.recompute), flush=True)

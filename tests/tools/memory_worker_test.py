@@ -44,6 +44,29 @@ with memory_worker.MemoryWorkers(
   print(json.dumps(reads), flush=True)
 """
 
+# A traced step on the worker: a (1 MiB, from the seed the client sends,
+# so that nothing is folded into a constant) and a @ a (1 MiB) are alive
+# together; prints TraceStep's peaks and the read that follows.
+_TRACE_CLIENT = """
+import json, sys
+import tensorflow as tf
+from lingvo_pipe.core import cluster
+from lingvo_pipe.tools import memory_worker
+with memory_worker.MemoryWorkers(
+    1, sys.argv[1], env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'}) as workers:
+  names = cluster.Connect(cluster.ParseClusterSpec(workers.spec))
+  @tf.function(autograph=False)
+  def Step(seed):
+    with tf.device(names[0]):
+      a = tf.random.stateless_normal([512, 512], seed)
+      return tf.reduce_sum(tf.matmul(a, a))
+  seed = tf.constant([1, 2])
+  Step(seed).numpy()
+  traced = workers.TraceStep(lambda: Step(seed).numpy())
+  after = workers.ReadMemory()[0]['CPU:0']
+  print(json.dumps({'traced': traced[0], 'after': after}), flush=True)
+"""
+
 
 class MemoryWorkerTest(absltest.TestCase):
 
@@ -53,20 +76,25 @@ class MemoryWorkerTest(absltest.TestCase):
     self.addCleanup(workers.Stop)
     return workers.Start()
 
-  def testReadMemoryReportsTheWorkersAllocator(self):
-    """Bytes held on the worker, not in the client: a variable stays in
-    `current`, a step's temporaries show in its `peak` only, and each read
-    starts a new peak."""
+  def _RunClient(self, source):
+    """Runs a client program (it starts its own workers); its last line,
+    parsed as JSON."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3',
                PYTHONPATH=os.pathsep.join(
                    [os.getcwd(), os.environ.get('PYTHONPATH', '')]))
     env.pop('TF_NUM_INTEROP_THREADS', None)
     client = subprocess.run(
-        [sys.executable, '-c', textwrap.dedent(_MEMORY_CLIENT),
+        [sys.executable, '-c', textwrap.dedent(source),
          self.create_tempdir().full_path],
         env=env, capture_output=True, text=True, timeout=240)
     self.assertEqual(client.returncode, 0, client.stderr[-2000:])
-    reads = json.loads(client.stdout.strip().splitlines()[-1])
+    return json.loads(client.stdout.strip().splitlines()[-1])
+
+  def testReadMemoryReportsTheWorkersAllocator(self):
+    """Bytes held on the worker, not in the client: a variable stays in
+    `current`, a step's temporaries show in its `peak` only, and each read
+    starts a new peak."""
+    reads = self._RunClient(_MEMORY_CLIENT)
     mib = 2**20
     self.assertGreaterEqual(
         reads['variable']['current'] - reads['start']['current'], 4 * mib)
@@ -77,6 +105,20 @@ class MemoryWorkerTest(absltest.TestCase):
     # No step since the last read: its peak is gone (a few small tensors
     # of the runtime's own come and go).
     self.assertLess(reads['idle']['peak'] - reads['idle']['current'], mib)
+
+  def testTraceStepCountsTheTensorsAndTheChunks(self):
+    """The tensors at the peak are exactly a and a @ a (2 MiB, and a few
+    scalars); the allocator's chunks hold at least that; and, as a read
+    does, the trace's report starts a new peak."""
+    out = self._RunClient(_TRACE_CLIENT)
+    (name, peak), = out['traced'].items()
+    self.assertIn('cpu', name)
+    mib = 2**20
+    self.assertBetween(peak['tensors_at_peak'], 2 * mib, 2 * mib + 1024)
+    self.assertEqual(peak['tensor_peak'], peak['tensors_at_peak'])
+    self.assertGreaterEqual(peak['in_use'], peak['tensors_at_peak'])
+    # TraceStep's last report started a new peak: nothing ran since.
+    self.assertLess(out['after']['peak'] - out['after']['current'], mib)
 
   def testReadMemoryWithoutStatisticsSaysWhatToSet(self):
     # TensorFlow's default CPU allocator keeps no statistics. Where it
@@ -113,6 +155,8 @@ class MemoryWorkerTest(absltest.TestCase):
     workers = memory_worker.MemoryWorkers(1, self.create_tempdir().full_path)
     with self.assertRaisesRegex(RuntimeError, r'Start\(\) the MemoryWorkers'):
       workers.ReadMemory()
+    with self.assertRaisesRegex(RuntimeError, r'Start\(\) the MemoryWorkers'):
+      workers.TraceStep(lambda: None)
 
 
 if __name__ == '__main__':
