@@ -57,6 +57,10 @@ runs --num_virtual_stages stages on each of the K workers:
    `memory_runs` fresh pairs of workers and the median reported with the
    range (one run's reading of a cell varies by up to a third: the
    executor's two threads order the ops differently from run to run).
+   One step more runs with each worker's profiler on
+   (memory_worker.TraceStep): the bytes its tensors asked for at its
+   allocator's peak, against which the prediction is compared too, and
+   how far the allocator's chunks exceeded them (medians over the runs).
 
 Models: 'transformer' is bench/common's stack (8 TransformerEncoderLayers,
 d=256, ff 1024, 4 heads, seq 64); 'amoebanet' is AmoebaNet-D (6, 16) of
