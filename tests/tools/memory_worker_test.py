@@ -107,15 +107,18 @@ class MemoryWorkerTest(absltest.TestCase):
     self.assertLess(reads['idle']['peak'] - reads['idle']['current'], mib)
 
   def testTraceStepCountsTheTensorsAndTheChunks(self):
-    """The tensors at the peak are exactly a and a @ a (2 MiB, and a few
-    scalars); the allocator's chunks hold at least that; and, as a read
+    """The tensors at the peak are a and a @ a (2 MiB, give or take the
+    runtime's scalars: one made before the trace and freed in it counts
+    less); the allocator's chunks hold at least that; and, as a read
     does, the trace's report starts a new peak."""
     out = self._RunClient(_TRACE_CLIENT)
     (name, peak), = out['traced'].items()
     self.assertIn('cpu', name)
     mib = 2**20
-    self.assertBetween(peak['tensors_at_peak'], 2 * mib, 2 * mib + 1024)
-    self.assertEqual(peak['tensor_peak'], peak['tensors_at_peak'])
+    self.assertBetween(peak['tensors_at_peak'], 2 * mib - 1024,
+                       2 * mib + 1024)
+    self.assertBetween(peak['tensor_peak'] - peak['tensors_at_peak'], 0,
+                       1024)
     self.assertGreaterEqual(peak['in_use'], peak['tensors_at_peak'])
     # TraceStep's last report started a new peak: nothing ran since.
     self.assertLess(out['after']['peak'] - out['after']['current'], mib)
