@@ -98,8 +98,9 @@ def Serve(spec_text: str, task_index: int) -> None:
     try:
       traced = None
       if signum == signal.SIGUSR2 and not tracing:
-        tracing.append(tempfile.TemporaryDirectory(prefix='memory_trace_'))
-        allocation_trace.Start(tracing[0].name)
+        logdir = tempfile.TemporaryDirectory(prefix='memory_trace_')
+        allocation_trace.Start(logdir.name)  # tracing only if it started
+        tracing.append(logdir)
       elif signum == signal.SIGUSR1 and tracing:
         with tracing.pop() as logdir:
           traced = allocation_trace.StopAndRead(logdir)
