@@ -37,9 +37,10 @@ import json
 import tensorflow as tf
 from lingvo_pipe.core import layers
 from lingvo_pipe.tools import layer_profile
+import sys
 dims = [256, 512, 512, 256]
 ps = [layers.ProjectionLayer.Params().Set(
-    name=f'proj{i}', input_dim=a, output_dim=b, activation='RELU')
+    name=f'proj{i}', input_dim=a, output_dim=b, activation=sys.argv[1])
       for i, (a, b) in enumerate(zip(dims, dims[1:]))]
 whole, = layer_profile.ProfilePartitions(
     ps, [0, 3], tf.TensorShape([1024, 256]), num_runs=1,
@@ -248,21 +249,24 @@ class MeasuredHalvesTest(absltest.TestCase):
   def testResidualsAsTheAllocatorHoldsThem(self):
     # 1024 rows through ReLU projections 256 -> 512 -> 512 -> 256: the
     # forward keeps both inner activations and its output (the ReLUs'
-    # gradients read them), 2 + 2 + 1 MiB, no buffer shared; TF's BFC
-    # allocator holds them in blocks rounded up by at most a few KiB. In a
-    # fresh process: with a history, a block can land in a larger free
-    # chunk, which the allocator counts whole (0.86 MiB more, seen).
+    # gradients read them), 2 + 2 + 1 MiB, no buffer shared; without the
+    # ReLUs no gradient reads the output, which leaves the stage (the next
+    # stage's input): 2 + 2. TF's BFC allocator holds them in blocks
+    # rounded up by at most a few KiB. Each in a fresh process: with a
+    # history, a block can land in a larger free chunk, which the
+    # allocator counts whole (0.86 and 1 MiB more, seen).
     root = os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))))
-    child = subprocess.run(
-        [sys.executable, '-c', _HELD_CHILD], capture_output=True, text=True,
-        timeout=300, cwd=root,
-        env=dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL='2',
-                 TF_CPU_ALLOCATOR_USE_BFC='true'))
-    self.assertEqual(child.returncode, 0, child.stderr[-3000:])
-    residual, held = json.loads(child.stdout.strip().splitlines()[-1])
-    self.assertEqual(residual, 5 * MIB)
-    self.assertBetween(held, 5 * MIB, 5 * MIB + 64 * 1024)
+    for activation, mib in (('RELU', 5), ('NONE', 4)):
+      child = subprocess.run(
+          [sys.executable, '-c', _HELD_CHILD, activation],
+          capture_output=True, text=True, timeout=300, cwd=root,
+          env=dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL='2',
+                   TF_CPU_ALLOCATOR_USE_BFC='true'))
+      self.assertEqual(child.returncode, 0, child.stderr[-3000:])
+      residual, held = json.loads(child.stdout.strip().splitlines()[-1])
+      self.assertEqual(residual, mib * MIB, activation)
+      self.assertBetween(held, mib * MIB, mib * MIB + 64 * 1024, activation)
 
   def testTheCommandComparesItAtRecomputeNever(self):
     report = plan.Main(['--model=image.synthetic.ResNetTinyGPipe',
