@@ -34,9 +34,10 @@ measures:
                 B's results that W reads (each inner output's gradient),
                 and weight_read_bytes, the residuals W reads (counted as
                 residual_bytes); kept_residual_bytes, what the allocator
-                holds more after the kept forward: its residuals and
-                outputs as held, where buffers TF shares between them
-                count once (AmoebaNet-D: 214 MiB held of 251 listed).
+                holds more after the kept forward, its outputs let go
+                (they leave the stage): its residuals as held, where
+                buffers TF shares between them count once (AmoebaNet-D:
+                214 MiB held of 251 listed).
                 None (0) otherwise
   backward_peak_bytes  how far the allocator's peak rises above what it
                 held before, while the layer's forward is re-computed and
