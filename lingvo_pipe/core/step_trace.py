@@ -167,15 +167,19 @@ class StepTrace:
     return [b / max(end - begin, 1e-12) for b in busy.values()]
 
   def ExposedAllReduce(self, layer: str) -> List[float]:
-    """Per device (as Devices): seconds its all-reduces ran after the
-    backward before them ended (the exchange the backward did not hide);
-    0 without replicas, or when the sums were in before the backward's
-    end was stamped."""
-    exposed = {d: 0.0 for d in self.Devices(layer)}
+    """Per device (as Devices): seconds its last all-reduce ended after its
+    last backward (or W) ended: the exchange its backwards did not hide,
+    waiting for a slower replica's part included. 0 without replicas, or
+    when the sums were in before the backward's end was stamped. With
+    several stages on a device, an all-reduce that ends while the device
+    still runs an earlier stage's backwards is hidden by them and counts
+    only where it runs past the last one."""
+    work = {d: 0.0 for d in self.Devices(layer)}
+    sums = {d: 0.0 for d in work}
     for t in self._Mine(layer):
-      if t.phase == schedule.ALL_REDUCE:
-        exposed[t.device] += max(0.0, t.end - t.start)
-    return list(exposed.values())
+      ends = sums if t.phase == schedule.ALL_REDUCE else work
+      ends[t.device] = max(ends[t.device], t.end)
+    return [max(0.0, sums[d] - work[d]) for d in work]
 
   def Bubble(self, layer: str) -> float:
     """Measured idle fraction: 1 - mean busy fraction of its devices."""

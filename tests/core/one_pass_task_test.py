@@ -88,7 +88,7 @@ class OnePassTaskTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(
       ('gpipe', 2, 1, 1), ('1f1b', 2, 1, 1), ('1f1b', 4, 1, 1),
       ('interleaved_1f1b', 2, 2, 1), ('1f1b', 2, 1, 2),
-      ('interleaved_1f1b', 1, 2, 2))
+      ('interleaved_1f1b', 1, 2, 2), ('gpipe', 1, 2, 2))
   def testGradientsEqualFProp(self, schedule, k, v, replicas):
     batch = replica_task.Batch()
     loss, grads = replica_task.Gradients(

@@ -274,6 +274,28 @@ class StepTraceTest(parameterized.TestCase):
     self.assertTrue(all(0 <= e < 1 for e in exposed), exposed)
     self.assertEqual(int(task._State('x').global_step.numpy()), 0)  # pylint: disable=protected-access
 
+  def testAnAllReduceHiddenBehindAnEarlierStagesBackwardIsNotExposed(self):
+    # Two replicas, K=1, two stages on each device (ms). Replica 0: A(1)
+    # runs beside B(0, 0) and ends before it; A(0) ends 4 ms after it.
+    # Replica 1: A(1) outlasts its last backward by 3 ms, A(0) by 6.
+    def Task(device, phase, stage, start, end):
+      return step_trace.MeasuredTask('net', device, phase, stage, 0,
+                                     start * 1e-3, end * 1e-3)
+    tasks = []
+    for device, ends in (('/r0', (25, 34)), ('/r1', (33, 36))):
+      tasks += [Task(device, 'F', 0, 0, 5), Task(device, 'F', 1, 5, 10),
+                Task(device, 'B', 1, 10, 20),
+                Task(device, schedule.ALL_REDUCE, 1, 20, ends[0]),
+                Task(device, 'B', 0, 20, 30),
+                Task(device, schedule.ALL_REDUCE, 0, 30, ends[1])]
+    trace = step_trace.StepTrace(tasks, {})
+    self.assertEqual(trace.Devices('net'), ['/r0', '/r1'])
+    np.testing.assert_allclose(trace.ExposedAllReduce('net'),
+                               [4e-3, 6e-3], rtol=1e-9)
+    no_sums = [t for t in tasks if t.phase != schedule.ALL_REDUCE]
+    self.assertEqual(
+        step_trace.StepTrace(no_sums, {}).ExposedAllReduce('net'), [0, 0])
+
   def testMeasuresWithOpDeterminismOnAndLeavesItOn(self):
     layer = _Layer('always')
     was_on = tf_config.is_op_determinism_enabled()
