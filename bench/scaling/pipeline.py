@@ -93,7 +93,9 @@ def _ClientFlags(workers: local_workers.LocalWorkers, stack: stack_lib.Stack,
           f'--stack={json.dumps(dataclasses.asdict(stack))}',
           f'--warmup={args.warmup}', f'--rounds={args.rounds}',
           '--setups=' + ';'.join(s.ToText() for s in setups)] + (
-              ['--bubbles'] if getattr(args, 'bubbles', False) else [])
+              ['--bubbles'] if getattr(args, 'bubbles', False) else []) + (
+              ['--trainer_step'] if getattr(args, 'trainer_step', False)
+              else [])
 
 
 def _ServerRssMiB(workers: local_workers.LocalWorkers) -> List[float]:

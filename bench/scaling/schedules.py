@@ -10,8 +10,9 @@ throughput: two `tf.distribute.Server` workers on 127.0.0.1, worker i
 pinned to core i, fresh for each recompute mode; one client
 (`throughput.py`) builds bench/common's stack (8 Transformer layers, d=256)
 in every configuration below, warms each up, then times --rounds rounds
-of one training step of each, interleaved (the trainer's one pass,
-`FPropWithLoss`; gradients returned). Configurations: K=1 M=1 (the
+of one training step of each, interleaved: the trainer's step (one pass,
+`FPropWithLoss`; an SGD update of each variable on its worker; only the
+loss comes back, `stack.TrainStepFunction`). Configurations: K=1 M=1 (the
 baseline); K=2 M=8 with GPipe and 1F1B (and zero bubble, ZB-H1, with
 recompute 'never', the only mode it runs); K=2 M=4 with GPipe, 1F1B and
 interleaved 1F1B (V=2: four stages of two layers, stage s on worker
@@ -282,6 +283,7 @@ def _Main(argv: Sequence[str]) -> None:
     Pictures(args)
     return
   args.bubbles = True  # throughput.py measures each bubble too
+  args.trainer_step = True  # and times the trainer's step
   header = scaling._Header()  # pylint: disable=protected-access
   print(header, flush=True)
   stack = stack_lib.Stack()
