@@ -31,8 +31,9 @@ stack (8 layers d=64) with one stage per device for GPipe, 1F1B and
 ZB-H1; 16 layers for interleaved 1F1B (V=2: 16 stages), GPipe beside it.
 
 pictures: the measured timeline (step_trace) of one training step of each
-schedule on the two pinned workers, K=2 M=8 recompute 'never' (interleaved
-with V=2), written as <schedule>.svg and .json into --pictures.
+schedule on the two pinned workers (the trainer's step, as throughput's),
+K=2 M=8 recompute 'never' (interleaved with V=2), written as
+<schedule>.svg and .json into --pictures.
 
 Targets (docs/DESIGN.md sections 2 and 29): 1F1B K=2 M=8 reaches at least
 0.9 of GPipe's ideal; interleaved K=2 V=2 M=4 beats GPipe K=2 M=4 by at
@@ -219,20 +220,13 @@ def PicturesClient(spec: str, directory: str) -> None:
   of each of PICTURES, written into `directory`."""
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import step_trace  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   devices = cluster.Connect(cluster.ParseClusterSpec(spec))
   stack = stack_lib.Stack()
   inputs = stack_lib.Inputs(stack)
   for setup in PICTURES:
     layer = stack_lib.BuildModel(stack, setup, devices)
-    variables = layer.vars.Flatten()
-
-    def Step(x, layer=layer, variables=variables):
-      with tf.GradientTape() as tape:
-        loss = stack_lib.MeanSquareLoss(layer, x)
-      return loss, tape.gradient(loss, variables)
-
-    trace = step_trace.Measure(Step, inputs, warmup=3)
+    step = stack_lib.TrainStepFunction(layer, setup, devices[0])
+    trace = step_trace.Measure(step.python_function, inputs, warmup=3)
     trace.Write(os.path.join(directory, setup.schedule))
     print(trace.Summary().splitlines()[0], flush=True)
 
