@@ -35,7 +35,11 @@ stage's theta:
 
 The functions are marked `_noinline`: the runtime runs each call as one
 function instead of pasting S x M copies of the layers back into the
-graph, so start-up does not grow with M either. The gradient is added to
+graph, so start-up does not grow with M either. Each call op is created
+with `_disable_call_shape_inference`: TensorFlow would otherwise infer
+the shapes of every op of the called body again at each call, while
+tracing and again when the runtime builds the graph; the outputs' shapes
+are the body's, set from its signature all the same. The gradient is added to
 the running sum inside the backward call, where the sum takes the fresh
 gradient's buffer: a separate addition would hold a third copy of the
 stage's parameters (docs/DESIGN.md section 26). The first sum starts from
@@ -52,10 +56,14 @@ gradient sums stay in the variables' dtype (docs/DESIGN.md section 32).
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 from typing import Sequence, Tuple
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+# The current graph's instance, whose create_op a stage call goes through.
+from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 
 from lingvo_pipe.core import all_reduce
 from lingvo_pipe.core import backward_split
@@ -125,7 +133,62 @@ class _StageFunction:
     return self._concrete[key]
 
   def __call__(self, *args: Any) -> Any:
-    return self.get_concrete_function(*args)(*args)
+    concrete = self.get_concrete_function(*args)
+    if tf.executing_eagerly():
+      return concrete(*args)
+    with _WithoutBodyShapes(ops.get_default_graph()):
+      return concrete(*args)
+
+
+_NO_BODY_SHAPES = '_disable_call_shape_inference'
+
+
+class _WithoutBodyShapes:
+  """Within it, the call ops `graph` creates carry `_NO_BODY_SHAPES`.
+
+  TensorFlow infers a call op's output shapes by running shape inference
+  over every op of the called body, at each call, while tracing and again
+  when the runtime converts the traced graph on the first step: a tenth
+  of the time to the first step at K=8 M=32 (docs/DESIGN.md section 2).
+  The attribute must be on the op when it is created, before that
+  inference runs, and TensorFlow's call (kept whole: tapes, gradients,
+  output shapes from the body's signature) takes no extra attributes; so
+  for the length of one stage call, `create_op` of `graph`'s class adds
+  it to call ops of `graph` alone. One thread at a time (`_CREATE_LOCK`);
+  the class's own method is back on exit.
+  """
+
+  def __init__(self, graph: Any):
+    self._graph = graph
+    self._cls = type(graph)
+    self._before = None
+
+  def __enter__(self) -> None:
+    _CREATE_LOCK.acquire()
+    graph, cls = self._graph, self._cls
+    self._before = cls.__dict__.get('create_op')
+    create = cls.create_op
+
+    def CreateOp(this, op_type, *args, **kwargs):
+      if (this is graph and op_type in _CALLS
+          and kwargs.get('attrs') is not None):
+        kwargs['attrs'] = dict(kwargs['attrs'], **{
+            _NO_BODY_SHAPES: attr_value_pb2.AttrValue(b=True)})
+      return create(this, op_type, *args, **kwargs)
+
+    cls.create_op = CreateOp
+
+  def __exit__(self, *unused: Any) -> None:
+    try:
+      if self._before is None:
+        del self._cls.create_op
+      else:
+        self._cls.create_op = self._before
+    finally:
+      _CREATE_LOCK.release()
+
+
+_CREATE_LOCK = threading.RLock()
 
 
 def _OnDevice(fn: Callable[..., Any], device: str) -> _StageFunction:

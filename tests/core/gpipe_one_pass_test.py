@@ -212,6 +212,29 @@ class OnePassTest(tf.test.TestCase, parameterized.TestCase):
     pipe = lib.Pipeline(k, m, recompute, sched, v, keep_prob=0.75)
     self._Check(pipe, m, lib.Function)
 
+  @parameterized.parameters(('gpipe', 1, 'always'), ('1f1b', 1, 'never'),
+                            ('interleaved_1f1b', 2, 'never'),
+                            ('zb_h1', 1, 'never'))
+  def testStageCallsSkipTheirBodysShapeInference(self, sched, v, recompute):
+    """Every call op the pipeline makes carries
+    `_disable_call_shape_inference` and still has its body's output shapes;
+    the graph class's create_op is TensorFlow's again afterwards."""
+    pipe = lib.Pipeline(2, 4, recompute, sched, v)
+    scale = tf.Variable(tf.ones([lib.DIM], tf.float64))
+    step = tf.function(lambda x: _OnePassGrads(pipe, scale, x, lambda f: f),
+                       autograph=False)
+    graph = step.get_concrete_function(lib.Inputs()).graph
+    calls = [op for op in graph.get_operations()
+             if op.type in ('PartitionedCall', 'StatefulPartitionedCall')]
+    # F, B (and W) of 2 x V stages on 4 micro-batches, 4 losses at least.
+    self.assertGreaterEqual(len(calls), 2 * v * 4 * 2 + 4)
+    for op in calls:
+      self.assertTrue(op.get_attr('_disable_call_shape_inference'), op.name)
+      for t in op.outputs:
+        if t.dtype != tf.resource:
+          self.assertTrue(t.shape.is_fully_defined(), t)
+    self.assertNotIn('create_op', type(graph).__dict__)
+
 
 if __name__ == '__main__':
   absltest.main()
