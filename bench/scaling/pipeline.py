@@ -9,7 +9,9 @@ pinned to core i (`local_workers.LocalWorkers`), fresh for each
 recompute mode. One client process per mode (`throughput.py`) builds
 every configuration of it (the stack of bench/common/stack.py, K in 1, 2,
 M in 1 .. 32; partition k on task k), warms each up (--warmup), then
-times --rounds rounds of one step of each, interleaved. Reported: median
+times --rounds rounds of one step of each, interleaved: the trainer's
+step (one pass, an SGD update of each variable on its worker, only the
+loss back to the client; `throughput.py --trainer_step`). Reported: median
 seconds per step; throughput = t(K=1, M=1) / t of the same mode; ideal =
 K*M / (M+K-1), the GPipe bubble's bound; measured / ideal; CPU seconds
 per step of each worker process; worker CPU / wall, how many cores'
@@ -353,7 +355,8 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--timeout', type=float, default=1800,
                       help='Seconds one child process may take.')
   for field in dataclasses.fields(stack_lib.Stack):
-    parser.add_argument(f'--{field.name}', type=int, default=field.default,
+    parser.add_argument(f'--{field.name}', type=type(field.default),
+                        default=field.default,
                         help='Throughput stack (and startup, except d, ff).')
   parser.add_argument('--startup_model_dim', type=int, default=64)
   parser.add_argument('--startup_hidden_dim', type=int, default=256)
@@ -423,6 +426,7 @@ def _Main(argv: Sequence[str]) -> None:
   if args.tables_from:
     print(_TablesFrom(args.tables_from))
     return
+  args.trainer_step = True  # module docstring
   header = _Header()
   print(header, flush=True)
   fields = [f.name for f in dataclasses.fields(stack_lib.Stack)]
