@@ -39,12 +39,12 @@ graph, so start-up does not grow with M either. Each call op is created
 with `_disable_call_shape_inference`: TensorFlow would otherwise infer
 the shapes of every op of the called body again at each call, while
 tracing and again when the runtime builds the graph; the outputs' shapes
-are the body's, set from its signature all the same. The gradient is added to
-the running sum inside the backward call, where the sum takes the fresh
-gradient's buffer: a separate addition would hold a third copy of the
-stage's parameters (docs/DESIGN.md section 26). The first sum starts from
-zeros, so every backward call is the same function, and 0 + g is g.
-Backward_s traces the cell under `NoStatUpdates`, so statistics
+are the body's, set from its signature all the same. The gradient is
+added to the running sum inside the backward call, where the sum takes
+the fresh gradient's buffer: a separate addition would hold a third copy
+of the stage's parameters (docs/DESIGN.md section 26). The first sum
+starts from zeros, so every backward call is the same function, and 0 +
+g is g. Backward_s traces the cell under `NoStatUpdates`, so statistics
 (BatchNorm) are accumulated once per micro-batch.
 
 With a hand-off dtype (the layer's fprop_dtype, e.g. bfloat16), every
@@ -62,8 +62,10 @@ from typing import Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
-# The current graph's instance, whose create_op a stage call goes through.
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
+# get_default_graph: the graph a stage call creates its call op in.
+# pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.framework import ops
+# pylint: enable=g-direct-tensorflow-import
 
 from lingvo_pipe.core import all_reduce
 from lingvo_pipe.core import backward_split

@@ -215,7 +215,7 @@ class OnePassTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(('gpipe', 1, 'always'), ('1f1b', 1, 'never'),
                             ('interleaved_1f1b', 2, 'never'),
                             ('zb_h1', 1, 'never'))
-  def testStageCallsSkipTheirBodysShapeInference(self, sched, v, recompute):
+  def testCallsSkipTheShapeInferenceOfTheirBodies(self, sched, v, recompute):
     """Every call op the pipeline makes carries
     `_disable_call_shape_inference` and still has its body's output shapes;
     the graph class's create_op is TensorFlow's again afterwards."""
