@@ -11,7 +11,7 @@ every configuration of it (the stack of bench/common/stack.py, K in 1, 2,
 M in 1 .. 32; partition k on task k), warms each up (--warmup), then
 times --rounds rounds of one step of each, interleaved: the trainer's
 step (one pass, an SGD update of each variable on its worker, only the
-loss back to the client; `throughput.py --trainer_step`). Reported: median
+loss back to the client). Reported: median
 seconds per step; throughput = t(K=1, M=1) / t of the same mode; ideal =
 K*M / (M+K-1), the GPipe bubble's bound; measured / ideal; CPU seconds
 per step of each worker process; worker CPU / wall, how many cores'
@@ -95,9 +95,7 @@ def _ClientFlags(workers: local_workers.LocalWorkers, stack: stack_lib.Stack,
           f'--stack={json.dumps(dataclasses.asdict(stack))}',
           f'--warmup={args.warmup}', f'--rounds={args.rounds}',
           '--setups=' + ';'.join(s.ToText() for s in setups)] + (
-              ['--bubbles'] if getattr(args, 'bubbles', False) else []) + (
-              ['--trainer_step'] if getattr(args, 'trainer_step', False)
-              else [])
+              ['--bubbles'] if getattr(args, 'bubbles', False) else [])
 
 
 def _ServerRssMiB(workers: local_workers.LocalWorkers) -> List[float]:
@@ -426,7 +424,6 @@ def _Main(argv: Sequence[str]) -> None:
   if args.tables_from:
     print(_TablesFrom(args.tables_from))
     return
-  args.trainer_step = True  # module docstring
   header = _Header()
   print(header, flush=True)
   fields = [f.name for f in dataclasses.fields(stack_lib.Stack)]

@@ -277,7 +277,6 @@ def _Main(argv: Sequence[str]) -> None:
     Pictures(args)
     return
   args.bubbles = True  # throughput.py measures each bubble too
-  args.trainer_step = True  # and times the trainer's step
   header = scaling._Header()  # pylint: disable=protected-access
   print(header, flush=True)
   stack = stack_lib.Stack()

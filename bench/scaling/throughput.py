@@ -2,14 +2,13 @@
 
   python -m bench.scaling.throughput --cluster_spec=worker=127.0.0.1:P0,...
       --worker_pids=PID0,PID1 --setups='pipe,1,1,never;pipe,2,8,never;...'
-      [--stack=JSON] [--warmup=2] [--rounds=10] [--trainer_step]
+      [--stack=JSON] [--warmup=2] [--rounds=10]
 
 Connects (`cluster.Connect`, one device per task), builds the stack of
 bench/common/stack.py once per configuration as a PipeliningLayer with
 partition k on task k, traces each training step and runs `warmup` steps
-of it (the first call is one). The step returns the loss and every
-gradient (`stack.StepFunction`), or with --trainer_step is the trainer's:
-an SGD update of each variable on its device, only the loss back
+of it (the first call is one). The step is the trainer's: an SGD update
+of each variable on its device, only the loss back
 (`stack.TrainStepFunction`). Then `rounds` rounds: each round runs one
 step of every configuration, starting one further along the list each
 round (`stack.Rotations`), so a change of machine load hits all of them
@@ -63,8 +62,6 @@ def _Args() -> argparse.Namespace:
   parser.add_argument('--stack', default='{}', help='Stack fields, JSON.')
   parser.add_argument('--warmup', type=int, default=2)
   parser.add_argument('--rounds', type=int, default=10)
-  parser.add_argument('--trainer_step', action='store_true',
-                      help='Time the trainer\'s step (module docstring).')
   parser.add_argument('--bubbles', action='store_true',
                       help='Also measure each configuration\'s bubble '
                       '(step_trace: one traced step after warm-up).')
@@ -73,18 +70,16 @@ def _Args() -> argparse.Namespace:
 
 def Measure(spec: str, pids: List[int], stack: stack_lib.Stack,
             setups: List[stack_lib.Setup], warmup: int,
-            rounds: int, bubbles: bool = False,
-            trainer_step: bool = False) -> Dict[str, dict]:
+            rounds: int, bubbles: bool = False) -> Dict[str, dict]:
   """The JSON record of the module docstring."""
   devices = cluster.Connect(cluster.ParseClusterSpec(spec))
   inputs = stack_lib.Inputs(stack)
-  make_step = (stack_lib.TrainStepFunction if trainer_step
-               else stack_lib.StepFunction)
   ready, out = {}, {}
   for setup in setups:
     layer = stack_lib.BuildModel(stack, setup, devices)
     ready[setup.label] = stack_lib.Prepare(
-        make_step(layer, setup, devices[0]), inputs, warmup)
+        stack_lib.TrainStepFunction(layer, setup, devices[0]), inputs,
+        warmup)
     out[setup.label] = {
         'setup': setup.ToText(), 'devices': devices[:setup.k], 'times': [],
         'worker_cpu': [0.0] * len(pids), 'client_cpu': 0.0,
@@ -118,8 +113,7 @@ def main() -> None:
   pids = [int(p) for p in args.worker_pids.split(',')]
   stack = stack_lib.Stack(**json.loads(args.stack))
   print(json.dumps(Measure(args.cluster_spec, pids, stack, setups,
-                           args.warmup, args.rounds, args.bubbles,
-                           args.trainer_step)),
+                           args.warmup, args.rounds, args.bubbles)),
         flush=True)
 
 
