@@ -455,10 +455,9 @@ def _TimeTable(res: Dict[str, dict]) -> str:
            '| measured / ideal | first step s | worker CPU s/step (task 0, '
            '1) | client CPU s/step |', '|' + '---|' * 8]
   base = _Med(res['R=1 K=1 M=8'])
-  for label in ([_Label(c) for c in PART1] +
-                [BUCKETED, COLLECTIVE, INDEPENDENT]):
-    r, k, m = (2, 1, 8) if label == INDEPENDENT else map(
-        int, re.findall(r'\d+', label)[:3])
+  rows = [(_Label(c), c) for c in PART1] + [
+      (label, (2, 1, 8)) for label in (BUCKETED, COLLECTIVE, INDEPENDENT)]
+  for label, (r, k, m) in rows:
     ideal = r * stack_lib.Ideal(stack_lib.Setup('pipe', k, m // r))
     t = _Med(res[label])
     cpu = ', '.join(f'{c:.2f}' for c in res[label]['worker_cpu'])
