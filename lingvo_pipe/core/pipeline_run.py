@@ -56,8 +56,9 @@ gradient sums stay in the variables' dtype (docs/DESIGN.md section 32).
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
 from typing import Sequence, Tuple
 
 import tensorflow as tf
@@ -145,7 +146,8 @@ class _StageFunction:
 _NO_BODY_SHAPES = '_disable_call_shape_inference'
 
 
-class _WithoutBodyShapes:
+@contextlib.contextmanager
+def _WithoutBodyShapes(graph: Any) -> Iterator[None]:
   """Within it, the call ops `graph` creates carry `_NO_BODY_SHAPES`.
 
   TensorFlow infers a call op's output shapes by running shape inference
@@ -159,16 +161,9 @@ class _WithoutBodyShapes:
   it to call ops of `graph` alone. One thread at a time (`_CREATE_LOCK`);
   the class's own method is back on exit.
   """
-
-  def __init__(self, graph: Any):
-    self._graph = graph
-    self._cls = type(graph)
-    self._before = None
-
-  def __enter__(self) -> None:
-    _CREATE_LOCK.acquire()
-    graph, cls = self._graph, self._cls
-    self._before = cls.__dict__.get('create_op')
+  cls = type(graph)
+  with _CREATE_LOCK:
+    before = cls.__dict__.get('create_op')
     create = cls.create_op
 
     def CreateOp(this, op_type, *args, **kwargs):
@@ -179,15 +174,13 @@ class _WithoutBodyShapes:
       return create(this, op_type, *args, **kwargs)
 
     cls.create_op = CreateOp
-
-  def __exit__(self, *unused: Any) -> None:
     try:
-      if self._before is None:
-        del self._cls.create_op
-      else:
-        self._cls.create_op = self._before
+      yield
     finally:
-      _CREATE_LOCK.release()
+      if before is None:
+        del cls.create_op
+      else:
+        cls.create_op = before
 
 
 _CREATE_LOCK = threading.RLock()
