@@ -8,7 +8,8 @@ A zero-bubble schedule (schedule.ZeroBubbleH1) runs it as two actions:
   W(s, m)  every other op d(stage variables) needs       -> acc + dtheta
 
 The ops are partitioned, not copied: B is every ancestor of the d(inputs)
-outputs; W every other ancestor of the d(variables) outputs. The tensors
+outputs; W every other ancestor of the d(variables) outputs (a constant
+both read is in each). The tensors
 of B that W reads (the gradient arriving at each layer's output) are B's
 extra outputs, `carry`, held until W runs. Nothing is computed twice, and
 they are the ops of the whole gradient, so the gradients are bitwise
@@ -73,11 +74,15 @@ def _Partition(backward: Any) -> _Halves:
   b_set = _Closure(nodes, x_roots, set())
   w_roots = [_OpOf(o[1]) for o in outs[backward.num_x:]
              if o and o[0] == 'node']
-  w_set = _Closure(nodes, w_roots, b_set)
+  # A constant both halves read is in each of them, not carried.
+  constants = {n for n in b_set if nodes[n].op == 'Const'
+               and not nodes[n].input}
+  w_set = _Closure(nodes, w_roots, b_set - constants)
+  carried = b_set - w_set
   carry = sorted({_Tensor(i) for n in w_set for i in nodes[n].input
-                  if not i.startswith('^') and _OpOf(i) in b_set} |
+                  if not i.startswith('^') and _OpOf(i) in carried} |
                  {_Tensor(o[1]) for o in outs[backward.num_x:]
-                  if o and o[0] == 'node' and _OpOf(o[1]) in b_set})
+                  if o and o[0] == 'node' and _OpOf(o[1]) in carried})
 
   def Refs(names: Set[str], extra: List[int]) -> List[int]:
     used = {inputs[_OpOf(i)] for n in names for i in nodes[n].input

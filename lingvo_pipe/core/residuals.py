@@ -180,6 +180,8 @@ class SplitCell:
       else:
         outputs.append(('ref', RefOf(g)))
     graph_def = _GradientGraphDef(graph.as_graph_def(), mine, ref_of, specs)
+    _ShareConstants(graph_def, {o[1].split(':')[0] for o in outputs
+                                if o and o[0] == 'node'})
     return y, _Backward(graph_def, refs, outputs, len(x)), reads
 
   def Forward(self, theta_leaves: List[tf.Tensor], x: List[tf.Tensor]
@@ -370,3 +372,39 @@ def _GradientGraphDef(full: Any, mine: set, ref_of: Dict[str, int],
       else:
         new.input.append(_InputName(ref_of[f'{op_name}:{port or 0}']))
   return out
+
+
+def _ShareConstants(graph_def: Any, keep: set) -> None:
+  """Makes equal constants one node: a gradient traces its own shapes and
+  axes per op (112 Const nodes, 23 values, in one Transformer layer's),
+  and TensorFlow builds each backward body again for every call of it on
+  the first step. A constant with a control input, or named in `keep`,
+  stays as it is."""
+  canonical: Dict[Tuple[Any, ...], str] = {}
+  alias: Dict[str, str] = {}  # a constant -> the equal one that stays
+  for node in graph_def.node:
+    if node.op != 'Const' or node.input or node.name in keep:
+      continue
+    key = (node.device,) + tuple(
+        (k, node.attr[k].SerializeToString(deterministic=True))
+        for k in sorted(node.attr))
+    first = canonical.setdefault(key, node.name)
+    if first != node.name:
+      alias[node.name] = first
+  if not alias:
+    return
+  nodes = []
+  for node in graph_def.node:
+    if node.name in alias:
+      continue
+    nodes.append(type(node)())
+    nodes[-1].CopyFrom(node)
+    del nodes[-1].input[:]
+    for name in node.input:
+      control = name.startswith('^')
+      op, colon, port = name.lstrip('^').partition(':')
+      name = ('^' if control else '') + alias.get(op, op) + colon + port
+      if not (control and name in nodes[-1].input):
+        nodes[-1].input.append(name)
+  del graph_def.node[:]
+  graph_def.node.extend(nodes)

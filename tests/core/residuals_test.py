@@ -1,7 +1,10 @@
 """Tests of residuals.SplitCell: the kept-activation forward and backward."""
 
+from unittest import mock
+
 import tensorflow as tf
 
+from lingvo_pipe.core import backward_split
 from lingvo_pipe.core import residuals
 
 SCALE = tf.constant([[0.5, -2.0, 3.0]], tf.float64)  # captured by the cell
@@ -110,6 +113,66 @@ class SplitCellTest(tf.test.TestCase):
 
     Run.get_concrete_function(w, x, dy)
     self.assertEqual(1, split.forward_function.experimental_get_tracing_count())
+
+
+def _Reductions(theta_leaves, x):
+  """Means and sums whose gradients each trace their own shape constants."""
+  w, b = theta_leaves
+  h, = x
+  a = tf.reduce_mean(h @ w + b, axis=1, keepdims=True)
+  c = tf.reduce_mean(tf.tanh(h) * b, axis=1, keepdims=True)
+  return [a * c + tf.reduce_sum(w, axis=0)]
+
+
+class SharedConstantsTest(tf.test.TestCase):
+  """Equal constants of a gradient are one node of the backward body."""
+
+  def _Run(self):
+    """(d x, d w, d b) through a SplitCell, and the cell's backward."""
+    w, x, dy = _Values()
+    b = tf.random.stateless_normal([3], [6, 7], dtype=tf.float64)
+    split = residuals.SplitCell('cell', _Reductions, _Function)
+
+    @tf.function(autograph=False)
+    def Run(w, b, x, dy):
+      y, kept = split.Forward([w, b], [x])
+      dx, dtheta = split.Backward([w, b], [x], list(kept), dy, list(y))
+      return dx + dtheta
+
+    grads = Run(w, b, x, dy[:1])
+    backward, = split._backwards.values()  # pylint: disable=protected-access
+    return grads, backward
+
+  def _Backward(self):
+    """The backward, once its gradients are checked bitwise against those
+    of the same backward with every constant left as traced."""
+    grads, backward = self._Run()
+    with mock.patch.object(residuals, '_ShareConstants'):
+      reference, unshared = self._Run()
+    self.assertLess(len(backward.graph_def.node),
+                    len(unshared.graph_def.node))
+    for ref, value in zip(reference, grads):
+      self.assertAllEqual(ref, value)
+    return backward
+
+  def testNoTwoEqualConstants(self):
+    graph = self._Backward().graph_def
+    values = [(n.attr['dtype'].type,
+               n.attr['value'].SerializeToString(deterministic=True))
+              for n in graph.node if n.op == 'Const' and not n.input]
+    self.assertGreater(len(values), 3)
+    self.assertLen(set(values), len(values))
+
+  def testZeroBubbleHalvesCopyAConstantInsteadOfCarryingIt(self):
+    halves = backward_split._Partition(  # pylint: disable=protected-access
+        self._Backward())
+    in_b = {n.name: n for n in halves.b_graph.node}
+    shared = [n for n in halves.w_nodes if n.name in in_b]
+    self.assertNotEmpty(shared)
+    self.assertTrue(all(n.op == 'Const' for n in shared))
+    carried = {name.split(':')[0] for name in halves.carry}
+    self.assertEmpty([n for n in carried if in_b[n].op == 'Const'])
+    self.assertNotEmpty(carried)
 
 
 if __name__ == '__main__':
