@@ -13,6 +13,9 @@ A configuration (`Setup`) is one way to run the same L layers:
 
 Every model is named 'model' with layers 'layer0' .. 'layer{L-1}', so all
 of them start from the same weights (seed paths do not depend on K).
+`Stack.halves` writes each layer as its two residual sub-layers,
+'layer{i}_atten' and 'layer{i}_ffn': the same function in 2L layers (other
+initial weights), for tables with more stages than layers.
 
 One training step (`StepFunction`) is a `tf.function(autograph=False)`:
 forward, loss = mean(vec ** 2), and the gradient of every variable (the
@@ -56,11 +59,18 @@ class Stack:
   # The layers' fprop_dtype: 'bfloat16' computes and hands off in it over
   # float32 variables (the loss is float32 either way).
   dtype: str = 'float32'
+  # Each encoder layer as its two residual sub-layers (self-attention,
+  # feed-forward), one layer each: the same model in twice as many
+  # layers, for a table of more stages than encoder layers.
+  halves: bool = False
 
   def Describe(self) -> str:
-    return (f'{self.num_layers} TransformerEncoderLayers, d={self.model_dim}, '
-            f'ff={self.hidden_dim}, {self.num_heads} heads, seq '
-            f'{self.seq_len}, batch {self.batch}, {self.dtype}, dropout 0')
+    halves = (f' as {2 * self.num_layers} sub-layers' if self.halves
+              else '')
+    return (f'{self.num_layers} TransformerEncoderLayers{halves}, '
+            f'd={self.model_dim}, ff={self.hidden_dim}, {self.num_heads} '
+            f'heads, seq {self.seq_len}, batch {self.batch}, {self.dtype}, '
+            'dropout 0')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,11 +107,47 @@ class Setup:
     return cls(kind, int(k), int(m), recompute or None, schedule, v)
 
 
+class SelfAttentionHalf(transformer_layers.TransformerAttentionLayer):
+  """An encoder layer's first residual sub-layer on the stack's NestedMap:
+  vec -> vec + SelfAttention(LN(vec), paddings)."""
+
+  def FProp(self, theta: NestedMap,  # pylint: disable=arguments-differ
+            inputs: NestedMap) -> NestedMap:
+    out = NestedMap(inputs)
+    out.vec, _ = super().FProp(theta, inputs.vec, inputs.paddings,
+                               example_keys=inputs.get('example_keys'))
+    return out
+
+
+class FeedForwardHalf(transformer_layers.TransformerFeedForwardLayer):
+  """An encoder layer's second residual sub-layer on the stack's
+  NestedMap: vec -> vec + FFN(LN(vec))."""
+
+  def FProp(self, theta: NestedMap,  # pylint: disable=arguments-differ
+            inputs: NestedMap) -> NestedMap:
+    out = NestedMap(inputs)
+    out.vec = super().FProp(theta, inputs.vec,
+                            example_keys=inputs.get('example_keys'))
+    return out
+
+
 def _LayerParams(stack: Stack) -> List[hyperparams.Params]:
-  return [transformer_layers.TransformerEncoderLayer.Params().Set(
-      name=f'layer{i}', model_dim=stack.model_dim,
-      hidden_dim=stack.hidden_dim, num_heads=stack.num_heads)
-          for i in range(stack.num_layers)]
+  """'layer0' .. : the encoder layers, or with `halves` each one's two
+  sub-layers ('layer0_atten', 'layer0_ffn', ...)."""
+  if not stack.halves:
+    return [transformer_layers.TransformerEncoderLayer.Params().Set(
+        name=f'layer{i}', model_dim=stack.model_dim,
+        hidden_dim=stack.hidden_dim, num_heads=stack.num_heads)
+            for i in range(stack.num_layers)]
+  out = []
+  for i in range(stack.num_layers):
+    out += [SelfAttentionHalf.Params().Set(
+        name=f'layer{i}_atten', input_dim=stack.model_dim,
+        num_heads=stack.num_heads),
+            FeedForwardHalf.Params().Set(
+                name=f'layer{i}_ffn', input_dim=stack.model_dim,
+                hidden_dim=stack.hidden_dim)]
+  return out
 
 
 def BuildModel(stack: Stack, setup: Setup,
@@ -114,12 +160,12 @@ def BuildModel(stack: Stack, setup: Setup,
       return layers.SequentialLayer.Params().Set(
           name='model', sub=layer_ps, fprop_dtype=fprop).Instantiate()
   stages = setup.k * setup.v
-  if stack.num_layers % stages:
-    raise ValueError(f'{stack.num_layers} layers do not split into '
+  if len(layer_ps) % stages:
+    raise ValueError(f'{len(layer_ps)} layers do not split into '
                      f'K x V={stages} equal stages; change K or V.')
-  n = stack.num_layers // stages
+  n = len(layer_ps) // stages
   cells = [layers.SequentialLayer.Params().Set(sub=layer_ps[i:i + n])
-           for i in range(0, stack.num_layers, n)]
+           for i in range(0, len(layer_ps), n)]
   return gpipe.PipeliningLayer.Params().Set(
       name='model', cell_tpl=cells, num_micro_batches=setup.m,
       recompute=setup.recompute, devices=devices[:setup.k],
