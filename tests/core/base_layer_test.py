@@ -512,7 +512,7 @@ class FPropTest(tf.test.TestCase):
 
   def testFPropInTfFunctionWithThetaArgument(self):
     layer = self._Layer()
-    fprop = tf.function(layer.FProp)
+    fprop = tf.function(layer.FProp, autograph=False)
     x = tf.constant([[1.0, 2.0, 3.0]], tf.float64)
     theta = layer.theta.Transform(tf.convert_to_tensor)
     self.assertAllEqual(fprop(theta, x), layer.FPropDefaultTheta(x))

@@ -38,7 +38,8 @@ class CheckpointerTest(tf.test.TestCase):
     """A shuffled, prefetched stream of batches."""
     ds = tf.data.Dataset.range(1000).shuffle(64, seed=3).batch(4)
     if python_map:
-      ds = ds.map(lambda x: tf.py_function(lambda y: y + 1, [x], tf.int64))
+      ds = ds.map(tf.autograph.experimental.do_not_convert(
+          lambda x: tf.py_function(lambda y: y + 1, [x], tf.int64)))
     return ds.prefetch(2)
 
   def _Next(self, iterator, n):
@@ -80,7 +81,8 @@ class CheckpointerTest(tf.test.TestCase):
     v['model/w'].assign([3.0, 4.0])
     saver.Save(2)
     w = self._Vars()
-    other = tf.data.Dataset.range(10).map(lambda x: x * 2).batch(2)
+    other = tf.data.Dataset.range(10).map(
+        tf.autograph.experimental.do_not_convert(lambda x: x * 2)).batch(2)
     ckpt = checkpointer.Checkpointer(directory, w, dataset=other)
     with self.assertLogs(level='WARNING') as logs:
       self.assertIsNotNone(ckpt.RestoreLatest())

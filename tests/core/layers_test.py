@@ -640,7 +640,8 @@ class ResidualTest(_Case):
     layer = _Params(layers.ResidualLayer, name='res', body=body).Instantiate()
     fn = tf.function(lambda x: layer.FProp(layer.theta, x),
                      input_signature=[tf.TensorSpec([1, None, None, 1],
-                                                    tf.float64)])
+                                                    tf.float64)],
+                     autograph=False)
     self.assertAllEqual(np.zeros([1, 1, 1, 1]),
                         fn(tf.zeros([1, 1, 1, 1], tf.float64)))
     # [1, 2, 2, 1] -> [1, 1, 1, 1] would broadcast silently without the check.

@@ -289,7 +289,7 @@ class NestedMapTfTest(tf.test.TestCase):
   def testTfFunctionArgumentAndReturnValue(self):
     traces = []
 
-    @tf.function
+    @tf.function(autograph=False)
     def Fn(inputs):
       traces.append(1)
       self.assertIsInstance(inputs, NestedMap)

@@ -212,7 +212,7 @@ class BatchNormTest(tf.test.TestCase, parameterized.TestCase):
     bn.theta.moving_mean.assign([1.0, 2.0, 3.0])
     bn.theta.moving_variance.assign([4.0, 5.0, 6.0])
     bn.UpdateStats()
-    tf.function(bn.UpdateStats)()
+    tf.function(bn.UpdateStats, autograph=False)()
     self.assertAllEqual([1.0, 2.0, 3.0], bn.theta.moving_mean)
     self.assertAllEqual([4.0, 5.0, 6.0], bn.theta.moving_variance)
 
@@ -223,15 +223,15 @@ class BatchNormTest(tf.test.TestCase, parameterized.TestCase):
       eager.FProp(eager.theta, tf.constant(x[2 * k:2 * k + 2]))
     eager.UpdateStats()
 
-    @tf.function
+    @tf.function(autograph=False)
     def Forward(xs):
       return [traced.FProp(traced.theta, xs[k]) for k in range(4)]
 
     Forward(tf.constant(x.reshape(4, 2, 3)))
     self.assertAllClose(8.0, traced.accumulators.acc_count, **_TOL)
-    tf.function(traced.UpdateStats)()
+    tf.function(traced.UpdateStats, autograph=False)()
 
-    @tf.function
+    @tf.function(autograph=False)
     def Step(xs):
       for k in range(4):
         together.FProp(together.theta, xs[k])
