@@ -9,7 +9,8 @@ bench/common/stack.py once per configuration as a PipeliningLayer with
 partition k on task k, traces each training step and runs `warmup` steps
 of it (the first call is one). The step is the trainer's: an SGD update
 of each variable on its device, only the loss back
-(`stack.TrainStepFunction`). Then `rounds` rounds: each round runs one
+(`stack.TrainStepFunction`); once all are ready, one more untimed step of
+each. Then `rounds` rounds: each round runs one
 step of every configuration, starting one further along the list each
 round (`stack.Rotations`), so a change of machine load hits all of them
 alike. A step ends when its loss is back in this process. Prints one
@@ -89,6 +90,11 @@ def Measure(spec: str, pids: List[int], stack: stack_lib.Stack,
                                   inputs, warmup=1)
       out[setup.label]['bubble'] = traced.Bubble('model')
       out[setup.label]['ideal_bubble'] = traced.IdealBubble('model')
+  # One untimed step of each after all are built: the first step after
+  # the others' set-up ran up to 3x its median (one-off work on the
+  # workers), which the per-step CPU means would carry.
+  for label in ready:
+    ready[label].fn(inputs)[0].numpy()
   for label in stack_lib.Rotations(list(ready), rounds):
     record = out[label]
     cpu_before = [CpuSeconds(pid) for pid in pids]
