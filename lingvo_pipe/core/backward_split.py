@@ -9,13 +9,12 @@ A zero-bubble schedule (schedule.ZeroBubbleH1) runs it as two actions:
 
 The ops are partitioned, not copied: B is every ancestor of the d(inputs)
 outputs; W every other ancestor of the d(variables) outputs (a constant
-both read is in each). The tensors
-of B that W reads (the gradient arriving at each layer's output) are B's
-extra outputs, `carry`, held until W runs. Nothing is computed twice, and
-they are the ops of the whole gradient, so the gradients are bitwise
-those of the unsplit backward. B runs as soon as dy arrives, so the
-previous stage gets its gradient sooner; W waits for a gap in its
-device's table.
+both read is in each). The tensors of B that W reads (the gradient
+arriving at each layer's output) are B's extra outputs, `carry`, held
+until W runs. Nothing is computed twice, and they are the ops of the
+whole gradient, so the gradients are bitwise those of the unsplit
+backward. B runs as soon as dy arrives, so the previous stage gets its
+gradient sooner; W waits for a gap in its device's table.
 """
 
 from __future__ import annotations
