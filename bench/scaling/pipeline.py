@@ -353,9 +353,14 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--timeout', type=float, default=1800,
                       help='Seconds one child process may take.')
   for field in dataclasses.fields(stack_lib.Stack):
-    parser.add_argument(f'--{field.name}', type=type(field.default),
-                        default=field.default,
-                        help='Throughput stack (and startup, except d, ff).')
+    # A flag of the field's type; a bool one as --halves / --no-halves
+    # (type=bool would read 'False' as true).
+    kind = ({'action': argparse.BooleanOptionalAction}
+            if isinstance(field.default, bool)
+            else {'type': type(field.default)})
+    parser.add_argument(f'--{field.name}', default=field.default,
+                        help='Throughput stack (and startup, except d, ff).',
+                        **kind)
   parser.add_argument('--startup_model_dim', type=int, default=64)
   parser.add_argument('--startup_hidden_dim', type=int, default=256)
   args = parser.parse_args(argv)
