@@ -614,16 +614,21 @@ def _RunJob(p: Any) -> None:
     runner.Follow(FLAGS.job)
 
 
-# Ctrl-C raises KeyboardInterrupt wherever Python is; inside a finalizer
-# (seen: TensorFlow's AtomicFunction.__del__) Python prints "Exception
-# ignored" and goes on, and training went on with it. So the handler also
-# notes the request, and every loop raises it again (RaiseIfInterrupted).
+# Ctrl-C raises KeyboardInterrupt wherever Python is, except inside a
+# finalizer (seen: TensorFlow's AtomicFunction.__del__), where Python would
+# print "Exception ignored" and a traceback and go on. So the handler notes
+# the request, raises it unless a `__del__` is running, and every loop
+# raises a noted one (RaiseIfInterrupted).
 _interrupted = False
 
 
-def _OnInterrupt(unused_signum, unused_frame) -> None:
+def _OnInterrupt(unused_signum, frame: Any) -> None:
   global _interrupted
   _interrupted = True
+  while frame is not None:
+    if frame.f_code.co_name == '__del__':
+      return
+    frame = frame.f_back
   raise KeyboardInterrupt
 
 
