@@ -498,15 +498,32 @@ class Runner:
     from lingvo_pipe.core import checkpointer  # pylint: disable=g-import-not-at-top
     kind, dataset = job.split('_', 1)
     run = self.Evaluate if kind == 'evaler' else self.Decode
-    for path in self._tf.train.checkpoints_iterator(
-        os.path.join(self._logdir, 'train'),
-        timeout=FLAGS.follower_timeout_secs):
+    for path in _NewCheckpoints(self._tf, os.path.join(self._logdir,
+                                                       'train'),
+                                FLAGS.follower_timeout_secs):
       RaiseIfInterrupted()
       self._ckpt.Restore(path)
       step = checkpointer.StepOf(path)
       run(dataset, step)
       if step >= self._p.task.train.max_steps:
         break
+
+
+def _NewCheckpoints(tf: Any, directory: str,
+                    timeout_secs: float) -> Iterator[str]:
+  """Yields each new latest checkpoint in `directory` until none comes for
+  `timeout_secs`; waits in Python, where Ctrl-C stops it at once."""
+  last, deadline = None, time.monotonic() + timeout_secs
+  while True:
+    path = tf.train.latest_checkpoint(directory)
+    if path and path != last:
+      last = path
+      yield path
+      deadline = time.monotonic() + timeout_secs
+    elif time.monotonic() > deadline:
+      return
+    else:
+      time.sleep(1)
 
 
 def _Run() -> None:
@@ -614,21 +631,36 @@ def _RunJob(p: Any) -> None:
     runner.Follow(FLAGS.job)
 
 
-# Ctrl-C raises KeyboardInterrupt wherever Python is, except inside a
-# finalizer (seen: TensorFlow's AtomicFunction.__del__), where Python would
-# print "Exception ignored" and a traceback and go on. So the handler notes
-# the request, raises it unless a `__del__` is running, and every loop
-# raises a noted one (RaiseIfInterrupted).
+# Ctrl-C raises KeyboardInterrupt where Python is, unless that is inside
+# TensorFlow or a finalizer. An exception raised asynchronously in code that
+# C called back (seen: SystemError from listobject.c while a checkpoint
+# save traced a function) or in a `__del__` (Python prints "Exception
+# ignored" and goes on) does not stop the trainer cleanly. There the handler
+# notes the request and every loop raises it (RaiseIfInterrupted); a second
+# Ctrl-C raises at once.
 _interrupted = False
+_LIBRARY_DIRS = tuple(f'{os.sep}{name}{os.sep}' for name in (
+    'tensorflow', 'keras', 'tf_keras', 'tensorboard'))
+
+
+def _UnsafeToRaiseIn(frame: Any) -> bool:
+  while frame is not None:
+    code = frame.f_code
+    if (code.co_name == '__del__' or
+        any(d in code.co_filename for d in _LIBRARY_DIRS)):
+      return True
+    frame = frame.f_back
+  return False
 
 
 def _OnInterrupt(unused_signum, frame: Any) -> None:
   global _interrupted
+  if not _interrupted and _UnsafeToRaiseIn(frame):
+    _interrupted = True
+    os.write(2, b'\nStopping at the next safe point; Ctrl-C again stops '
+             b'at once.\n')
+    return
   _interrupted = True
-  while frame is not None:
-    if frame.f_code.co_name == '__del__':
-      return
-    frame = frame.f_back
   raise KeyboardInterrupt
 
 
