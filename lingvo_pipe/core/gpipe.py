@@ -157,6 +157,12 @@ class PipeliningLayer(base_layer.BaseLayer):
              'V, stages per device: stage s runs on device s mod K, K = '
              "len(cell_tpl) / V. More than 1 with 'interleaved_1f1b' (or "
              "'gpipe').")
+    p.Define('split_backward', False,
+             "With recompute 'never': each backward in training runs as B, "
+             'the input gradient, handed to the previous stage at once, '
+             "then W, the weight gradient (schedule.SplitBackwards; the "
+             'same order and memory, nothing computed twice). '
+             "'zb_h1' always splits.")
     return p
 
   def __init__(self, params):
@@ -236,7 +242,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     name = p.schedule if training else 'gpipe'
     try:
       return schedule_lib.Make(name, self._num_devices, num_micro_batches,
-                               p.num_virtual_stages)
+                               p.num_virtual_stages,
+                               split_backward=training and p.split_backward)
     except ValueError as err:
       raise ValueError(f"PipeliningLayer '{self.path}': {err}") from None
 
@@ -355,11 +362,13 @@ class PipeliningLayer(base_layer.BaseLayer):
     sim = schedule_lib.Simulate(table)
     where = [self.ReplicaDevices(r) for r in range(num_replicas)]
     head = (f'R={num_replicas} replicas x ' if num_replicas > 1 else '')
+    split = (' (backwards split, B then W)' if self.params.split_backward
+             and table.name != 'zb_h1' else '')
     v = self.params.num_virtual_stages
     stages = (f'K={self._num_devices} devices x V={v} stages'
               if v > 1 else f'K={s_total} partitions')
     lines = [f"PipeliningLayer '{self.path}': {head}{stages}, M={m} "
-             f'micro-batches, schedule={table.name}, recompute='
+             f'micro-batches, schedule={table.name}{split}, recompute='
              f'{self.params.recompute}, bubble {sim.bubble:.1%}, in flight '
              f'at most {list(sim.peak_device_in_flight)} per device']
     lines += [f'  partition {i}: ' + ' | '.join(
@@ -392,6 +401,10 @@ def _CheckSchedule(where: str, p: Any) -> int:
         "the kept activations' gradient: it needs recompute='never' and one "
         f'stage per device, got recompute={p.recompute!r}, '
         f'num_virtual_stages={v}.')
+  if p.split_backward and p.recompute != 'never':
+    raise ValueError(
+        f"{where}: split_backward splits the kept activations' gradient: "
+        f"it needs recompute='never', got recompute={p.recompute!r}.")
   if p.schedule == '1f1b' and v != 1:
     raise ValueError(
         f"{where}: schedule '1f1b' runs one stage per device, got "

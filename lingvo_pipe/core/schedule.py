@@ -34,6 +34,10 @@ digits are micro-batches, stage s on device s mod K):
   third of 1F1B's, and no stage holds more than K micro-batches
     dev 0:  F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 B3 W3
     dev 1:  .  F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3
+  Any table with kept activations may also split its backwards in place
+  (`SplitBackwards`: each B followed at once by its W), e.g. 1F1B's
+    dev 0:  F0 F1 .  B0 W0 F2 B1 W1 F3 B2 W2 .  B3 W3
+    dev 1:  .  F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3
 
 `Validate` checks a table: every action once, on its stage's device,
 every dependency met without deadlock; its error names the first bad
@@ -239,9 +243,25 @@ def ZeroBubbleH1(num_devices: int, num_micro_batches: int) -> Schedule:
                   tuple(order))
 
 
+def SplitBackwards(table: Schedule) -> Schedule:
+  """`table` with each B(s, m) followed at once by W(s, m): the same order
+  and the same micro-batches held, but the input gradient goes to the
+  previous stage before the weight gradient is made. A table that already
+  splits its backwards is returned as it is."""
+  if table.split_backward:
+    return table
+  return dataclasses.replace(table, order=tuple(
+      tuple(x for a in row for x in (
+          (a, Action('W', a.stage, a.micro_batch)) if a.phase == 'B'
+          else (a,)))
+      for row in table.order))
+
+
 def Make(name: str, num_devices: int, num_micro_batches: int,
-         num_virtual_stages: int = 1) -> Schedule:
-  """The table of schedule `name` (one of SCHEDULES), validated."""
+         num_virtual_stages: int = 1,
+         split_backward: bool = False) -> Schedule:
+  """The table of schedule `name` (one of SCHEDULES), validated; with
+  `split_backward`, each B followed by its W (SplitBackwards)."""
   if name == 'gpipe':
     table = GPipe(num_devices, num_micro_batches, num_virtual_stages)
   elif name == '1f1b':
@@ -262,6 +282,8 @@ def Make(name: str, num_devices: int, num_micro_batches: int,
                             num_virtual_stages)
   else:
     raise ValueError(f'Unknown schedule {name!r}; use one of {SCHEDULES}.')
+  if split_backward:
+    table = SplitBackwards(table)
   Validate(table)
   return table
 

@@ -7,7 +7,7 @@ gradient (the loss head's included) are bitwise equal; against the full
 batch, within 1e-12 in float64. The matrix: schedule, K, V, M and
 recompute mode, dropout on; BatchNorm on for every schedule and mode.
 Zero bubble (zb_h1) splits each backward into B and W (backward_split.py):
-the same ops, so the same bits.
+the same ops, so the same bits; so does any schedule with split_backward.
 """
 
 from absl.testing import absltest
@@ -173,6 +173,29 @@ class OnePassTest(tf.test.TestCase, parameterized.TestCase):
     """Run eagerly; dropout on (masks depend on the example key only)."""
     pipe = lib.Pipeline(k, m, recompute, sched, v, keep_prob=0.75)
     self._Check(pipe, m, lambda f: f)
+
+  @parameterized.parameters(
+      [(sched, k, 1, m) for sched in ('gpipe', '1f1b') for k in (1, 2, 3, 4)
+       for m in (1, 4, 8)] +
+      [('interleaved_1f1b', 2, 2, m) for m in (4, 8)] +
+      [('gpipe', 2, 2, 4), ('zb_h1', 2, 1, 4)])
+  def testSplitBackwardMatchesSequential(self, sched, k, v, m):
+    """split_backward: each B then its W; eager, dropout on."""
+    pipe = lib.Pipeline(k, m, 'never', sched, v, split_backward=True,
+                        keep_prob=0.75)
+    table = pipe.Table(m)
+    self.assertEqual(len(table.Actions('W')), len(table.Actions('B')))
+    self._Check(pipe, m, lambda f: f)
+
+  @parameterized.parameters(('gpipe', 1), ('1f1b', 1),
+                            ('interleaved_1f1b', 2))
+  def testSplitBackwardTracedWithBatchNorm(self, sched, v):
+    """split_backward in a tf.function, dropout and BatchNorm on: bitwise
+    against the same split."""
+    pipe = lib.Pipeline(2, 4, 'never', sched, v, split_backward=True,
+                        keep_prob=0.75, batch_norm=True)
+    self._Check(pipe, 4, lib.Function,
+                lib.Reference(keep_prob=0.75, batch_norm=True))
 
   @parameterized.parameters(
       [((s, v), r) for s, v in (('gpipe', 1), ('1f1b', 1),

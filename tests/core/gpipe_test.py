@@ -411,6 +411,9 @@ class ErrorTest(tf.test.TestCase):
         (dict(schedule='interleaved_1f1b', num_virtual_stages=2,
               num_micro_batches=3), r"'pipe': Schedule 'interleaved_1f1b' "
          r'needs M a multiple of K: M=3, K=2; use M = 2 or 4\.$'),
+        (dict(schedule='1f1b', split_backward=True, recompute='except_last'),
+         r"'pipe': split_backward splits the kept activations' gradient: it "
+         r"needs recompute='never', got recompute='except_last'\.$"),
     ]
     for kwargs, regex in cases:
       p = gpipe.PipeliningLayer.Params().Set(name='pipe', cell_tpl=cells,

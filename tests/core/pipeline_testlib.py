@@ -74,7 +74,8 @@ def Reference(**kwargs):
   ).Instantiate()
 
 
-def Pipeline(k, m, recompute, schedule='gpipe', v=1, **kwargs):
+def Pipeline(k, m, recompute, schedule='gpipe', v=1, split_backward=False,
+             **kwargs):
   """K devices x V stages per device over the NUM_LAYERS blocks."""
   layer_ps = LayerParams(**kwargs)
   num_stages = k * v
@@ -83,8 +84,8 @@ def Pipeline(k, m, recompute, schedule='gpipe', v=1, **kwargs):
            for a, b in zip(bounds, bounds[1:])]
   return gpipe.PipeliningLayer.Params().Set(
       name='model', dtype=tf.float64, cell_tpl=cells, num_micro_batches=m,
-      recompute=recompute, schedule=schedule,
-      num_virtual_stages=v).Instantiate()
+      recompute=recompute, schedule=schedule, num_virtual_stages=v,
+      split_backward=split_backward).Instantiate()
 
 
 def Inputs(step=7):

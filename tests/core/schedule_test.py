@@ -107,6 +107,20 @@ class GeneratorTest(parameterized.TestCase):
            'F2.2 B0.0 F2.3 B0.1 B2.2 B2.3 B0.2 B0.3',
            'F1.0 F1.1 F3.0 B3.0 F3.1 B3.1 F1.2 B1.0 '
            'F1.3 B1.1 F3.2 B3.2 F3.3 B3.3 B1.2 B1.3')),
+      # Each B followed at once by its W; 1F1B's order otherwise.
+      ('OneFOneBSplitK2M3',
+       lambda: schedule.Make('1f1b', 2, 3, split_backward=True), (0, 1), (
+           'F0.0 F0.1 B0.0 W0.0 F0.2 B0.1 W0.1 B0.2 W0.2',
+           'F1.0 B1.0 W1.0 F1.1 B1.1 W1.1 F1.2 B1.2 W1.2')),
+      ('GPipeSplitK2M2',
+       lambda: schedule.Make('gpipe', 2, 2, split_backward=True), (0, 1), (
+           'F0.0 F0.1 B0.1 W0.1 B0.0 W0.0',
+           'F1.0 F1.1 B1.1 W1.1 B1.0 W1.0')),
+      # ZB-H1 splits already: unchanged.
+      ('ZeroBubbleSplitK2M4',
+       lambda: schedule.Make('zb_h1', 2, 4, split_backward=True), (0, 1), (
+           'F0.0 F0.1 B0.0 W0.0 F0.2 B0.1 W0.1 F0.3 B0.2 W0.2 B0.3 W0.3',
+           'F1.0 B1.0 F1.1 B1.1 W1.0 F1.2 B1.2 W1.1 F1.3 B1.3 W1.2 W1.3')),
   )
   def testLiteralTable(self, make, stage_devices, rows):
     table = make()
@@ -129,6 +143,21 @@ class GeneratorTest(parameterized.TestCase):
                            len(phases) - len(phases.lstrip('F')))
           if name != 'gpipe':  # then one F and one B in turn
             self.assertNotIn('FF', phases.lstrip('F'))
+
+  def testSplitBackwardsHoldsWhatTheTableHeld(self):
+    for name, k, m, v in _Cases():
+      with self.subTest(name=name, k=k, m=m, v=v):
+        table = schedule.Make(name, k, m, v)
+        split = schedule.Make(name, k, m, v, split_backward=True)
+        self.assertEqual(name, split.name)
+        self.assertTrue(split.split_backward)
+        self.assertEqual(table.order, tuple(
+            tuple(a for a in row if a.phase != 'W') for row in split.order))
+        for row in split.order:  # each W right after its B
+          for a, b in zip(row, row[1:]):
+            if a.phase == 'B':
+              self.assertEqual(b, A('W', a.stage, a.micro_batch))
+        self.assertEqual(schedule.InFlight(table), schedule.InFlight(split))
 
   def testRunOrderAfterForwards(self):
     table = schedule.Make('1f1b', 3, 4)
