@@ -3,6 +3,7 @@
   python -m lingvo_pipe.tools.plan --model=image.synthetic.AmoebaNetTinyGPipe
       [--num_partitions=K] [--num_micro_batches=M] [--memory_budget=2GiB]
       [--schedule=gpipe|1f1b|interleaved_1f1b|zb_h1] [--num_virtual_stages=V]
+      [--split_backward]
       [--num_devices=N] [--recompute=always|except_last|never]
       [--cores=0,1]
 
@@ -209,8 +210,10 @@ class PlanResult:
              f'K={self.num_partitions} partitions')
     lines = [f"Plan for '{self.name}': {shape}, M={m} micro-batches "
              f'of {self.batch_size // m} (batch {self.batch_size}), '
-             f'schedule {self.layout.schedule_name}, '
-             f'recompute={self.recompute}' + (
+             f'schedule {self.layout.schedule_name}' + (
+                 ' (backwards split: split_backward)'
+                 if self.layout.split_backward else '') +
+             f', recompute={self.recompute}' + (
                  f', per replica of {self.exchange.num_replicas}'
                  if self.exchange.num_replicas > 1 else '') + (
                  f', budget {Bytes(self.budget)} per device'
@@ -342,7 +345,7 @@ def _Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
   v = layout.num_virtual_stages
   table = layout.Table(s_total // v, m)
   parts = step_model.Predict(profiles, bounds, m, recompute,
-                             layout.schedule_name, v)
+                             layout.schedule_name, v, layout.split_backward)
   transfer = transfer or transfer_profile.TransferCost()
   devs = table.stage_devices
   hops = [transfer.Seconds(profiles[b - 1].output_bytes)
@@ -487,17 +490,20 @@ def Divisors(n: int) -> List[int]:
 
 
 def Layouts(schedule_name: str = '', num_virtual_stages: int = 1,
-            recompute: str = '') -> List[Layout]:
+            recompute: str = '', split_backward: bool = False
+            ) -> List[Layout]:
   """The schedules to compare: the given one, else GPipe and 1F1B (with
-  V > 1: GPipe and interleaved 1F1B, V stages per device), and ZB-H1
-  where every stage keeps its activations (V = 1, recompute 'never')."""
+  V > 1: GPipe and interleaved 1F1B, V stages per device); where every
+  stage keeps its activations (recompute 'never') each also with its
+  backwards split, and ZB-H1 (V = 1)."""
   v = num_virtual_stages
   if schedule_name:
-    return [Layout(schedule_name, v)]
-  if v == 1:
-    return [Layout('gpipe'), Layout('1f1b')] + (
-        [Layout('zb_h1')] if recompute == 'never' else [])
-  return [Layout('gpipe', v), Layout('interleaved_1f1b', v)]
+    return [Layout(schedule_name, v, split_backward)]
+  names = ('gpipe', '1f1b') if v == 1 else ('gpipe', 'interleaved_1f1b')
+  splits = (False, True) if recompute == 'never' else (False,)
+  zero_bubble = [Layout('zb_h1')] if recompute == 'never' and v == 1 else []
+  return [Layout(name, v, split) for split in splits
+          for name in names] + zero_bubble
 
 
 def _Candidates(name: str, profiles_by_m: Dict[int, List[Profile]],
@@ -644,12 +650,17 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
               budget: Optional[int] = None, num_devices: int = 0,
               recompute: str = '', num_runs: int = 5,
               cores: Optional[Sequence[int]] = None,
-              schedule_name: str = '', num_virtual_stages: int = 1
-              ) -> PlanResult:
+              schedule_name: str = '', num_virtual_stages: int = 1,
+              split_backward: bool = False) -> PlanResult:
   """Measures and plans `pipe`; 0 for K or M, '' for the schedule
   suggests it; `cores` as Refine's."""
   recompute = recompute or pipe.recompute
   step_model.CheckRecompute(schedule_name, recompute)
+  if split_backward and (not schedule_name or recompute != 'never'):
+    raise ValueError(
+        f"--split_backward goes with --schedule and recompute 'never' (got "
+        f'--schedule={schedule_name!r}, recompute={recompute!r}); without '
+        "--schedule, recompute 'never' compares both.")
   n, v = len(pipe.layers), num_virtual_stages
   if num_partitions * v > n:
     raise ValueError(
@@ -667,7 +678,7 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
   transfer = MeasureTransfer(max(ks), cores)
   exchange = Exchange(pipe.num_replicas,
                       MeasureAllReduce(pipe.num_replicas, cores))
-  layouts = Layouts(schedule_name, v, recompute)
+  layouts = Layouts(schedule_name, v, recompute, split_backward)
   if num_partitions and num_micro_batches and len(layouts) == 1:
     result = Evaluate(pipe.name, profiles[ms[0]], pipe.batch_size,
                       num_partitions, ms[0], recompute, budget, transfer,
@@ -709,6 +720,11 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--num_virtual_stages', type=int, default=1,
                       help='V, stages per device (interleaved_1f1b, or '
                       'gpipe); the split has K x V partitions.')
+  parser.add_argument('--split_backward', action='store_true',
+                      help="With --schedule and recompute 'never': each "
+                      'backward as B, the input gradient, then W '
+                      '(PipeliningLayer.split_backward). Without '
+                      "--schedule, recompute 'never' compares both.")
   parser.add_argument('--num_timing_runs', type=int, default=5)
   parser.add_argument('--cores', default='',
                       help='For worker processes pinned to this host\'s '
@@ -738,7 +754,7 @@ def Main(argv: Sequence[str]) -> str:
   return str(PlanModel(pipe, args.num_partitions, args.num_micro_batches,
                        budget, args.num_devices, args.recompute,
                        args.num_timing_runs, cores, args.schedule,
-                       args.num_virtual_stages))
+                       args.num_virtual_stages, args.split_backward))
 
 
 def _CheckSchedule(name: str, v: int) -> None:

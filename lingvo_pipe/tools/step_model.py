@@ -197,19 +197,24 @@ class DevicePrediction:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """A schedule and its stages per device: K devices run K x V stages."""
+  """A schedule and its stages per device: K devices run K x V stages;
+  with `split_backward`, each backward as B then W (PipeliningLayer's
+  p.split_backward)."""
   schedule_name: str = 'gpipe'
   num_virtual_stages: int = 1
+  split_backward: bool = False
 
   def __str__(self) -> str:
     v = self.num_virtual_stages
-    return self.schedule_name + (f' V={v}' if v > 1 else '')
+    return (self.schedule_name + (f' V={v}' if v > 1 else '') +
+            (', split' if self.split_backward else ''))
 
   def Table(self, num_devices: int, m: int) -> schedule.Schedule:
     """schedule.Make's table; raises its one-line ValueError."""
     return MakeTable(self.schedule_name,
                      num_devices * self.num_virtual_stages, m,
-                     self.num_virtual_stages)
+                     self.num_virtual_stages,
+                     split_backward=self.split_backward)
 
   def HasTable(self, num_devices: int, m: int) -> bool:
     """Whether the schedule runs K devices and M micro-batches."""
@@ -236,20 +241,25 @@ def CheckRecompute(schedule_name: str, recompute: str) -> None:
 
 
 def MakeTable(schedule_name: str, num_stages: int, num_micro_batches: int,
-              num_virtual_stages: int = 1, recompute: str = ''
-              ) -> schedule.Schedule:
+              num_virtual_stages: int = 1, recompute: str = '',
+              split_backward: bool = False) -> schedule.Schedule:
   """The table of S stages on S / V devices (schedule.Make); with
   `recompute`, one a PipeliningLayer runs in that mode."""
   if schedule_name not in SCHEDULES:
     raise ValueError(f'The planner models the schedules {SCHEDULES}, not '
                      f'{schedule_name!r}; use one of those.')
   CheckRecompute(schedule_name, recompute)
+  if split_backward and recompute not in ('', 'never'):
+    raise ValueError(
+        f'Split backwards need every stage to keep its activations, not '
+        f"recompute={recompute!r}; use recompute='never'.")
   v = num_virtual_stages
   if v < 1 or num_stages % v:
     raise ValueError(
         f'num_virtual_stages={v} must divide the {num_stages} stages '
         '(K = stages / V devices); change V or the split.')
-  return schedule.Make(schedule_name, num_stages // v, num_micro_batches, v)
+  return schedule.Make(schedule_name, num_stages // v, num_micro_batches, v,
+                       split_backward=split_backward)
 
 
 # ---- what each stage holds -------------------------------------------------
@@ -420,13 +430,13 @@ def _Or(measured: Optional[int], otherwise: int) -> int:
 
 def Predict(profiles: Sequence[Profile], bounds: Sequence[int],
             num_micro_batches: int, recompute: str = 'always',
-            schedule_name: str = 'gpipe', num_virtual_stages: int = 1
-            ) -> List[PartitionPrediction]:
+            schedule_name: str = 'gpipe', num_virtual_stages: int = 1,
+            split_backward: bool = False) -> List[PartitionPrediction]:
   """Per stage of the split `bounds` (MinMaxPartition's form), in the
   schedule's table."""
   s_total = len(bounds) - 1
   table = MakeTable(schedule_name, s_total, num_micro_batches,
-                    num_virtual_stages, recompute)
+                    num_virtual_stages, recompute, split_backward)
   states = StageStates(table)
   return [PredictPartition(profiles[a:b], num_micro_batches,
                            KeepsActivations(recompute, k, s_total),

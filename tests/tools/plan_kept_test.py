@@ -179,11 +179,24 @@ class StepTest(absltest.TestCase):
     self.assertEqual(one.step_s, 9.0)
     self.assertIn('W/micro', str(zb))
     self.assertNotIn('W/micro', str(one))
+    # 1f1b, split: each B then its W; B0 reaches device 0 one W sooner.
+    #   dev 0: F0 0-1 F1 1-2 B0 3-4 W0 4-5 B1 6-7 W1 7-8
+    #   dev 1: F0 1-2 B0 2-3 W0 3-4 F1 4-5 B1 5-6 W1 6-7
+    split = plan.Evaluate('toy', profiles, 8, 2, 2, 'never',
+                          layout=plan.Layout('1f1b', 1, True))
+    self.assertEqual(split.step_s, 8.0)
+    self.assertIn('W/micro', str(split))
+    self.assertIn('schedule 1f1b (backwards split: split_backward)',
+                  str(split))
 
   def testSuggestedWhenItsStepIsFastest(self):
     by_m = {4: [_Layer(i, 0.25, 0.25, 0.25) for i in range(4)]}
     self.assertEqual(plan.Layouts('', 1, 'never'), [
-        plan.Layout('gpipe'), plan.Layout('1f1b'), plan.Layout('zb_h1')])
+        plan.Layout('gpipe'), plan.Layout('1f1b'),
+        plan.Layout('gpipe', 1, True), plan.Layout('1f1b', 1, True),
+        plan.Layout('zb_h1')])
+    self.assertEqual(plan.Layouts('1f1b', 1, 'never', True),
+                     [plan.Layout('1f1b', 1, True)])
     # Re-computing stages cannot run it: not compared.
     self.assertEqual(plan.Layouts('', 1, 'always'),
                      [plan.Layout('gpipe'), plan.Layout('1f1b')])
@@ -218,6 +231,16 @@ class ErrorsTest(absltest.TestCase):
                                 r'stage per device, got '
                                 r'--num_virtual_stages=2; '):
       plan.Main([model, '--schedule=zb_h1', '--num_virtual_stages=2'])
+    with self.assertRaisesRegex(ValueError, r"^--split_backward goes with "
+                                r"--schedule and recompute 'never' \(got "
+                                r"--schedule='1f1b', recompute='always'\)"):
+      plan.Main([model, '--schedule=1f1b', '--split_backward',
+                 '--recompute=always'])
+    with self.assertRaisesRegex(ValueError, r'^Split backwards need every '
+                                r'stage to keep its activations, not '
+                                r"recompute='always'; use "
+                                r"recompute='never'\.$"):
+      step_model.MakeTable('1f1b', 2, 4, 1, 'always', split_backward=True)
 
 
 class MeasuredHalvesTest(absltest.TestCase):
