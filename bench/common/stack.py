@@ -82,6 +82,7 @@ class Setup:
   recompute: Optional[str] = None
   schedule: str = 'gpipe'
   v: int = 1  # stages per device
+  split: bool = False  # PipeliningLayer.split_backward (recompute 'never')
 
   @property
   def label(self) -> str:
@@ -91,20 +92,22 @@ class Setup:
       return f'plain loop M={self.m}'
     sched = '' if self.schedule == 'gpipe' else f' {self.schedule}'
     virtual = f' V={self.v}' if self.v > 1 else ''
-    return f'K={self.k}{virtual} M={self.m} {self.recompute}{sched}'
+    split = ' split' if self.split else ''
+    return f'K={self.k}{virtual} M={self.m} {self.recompute}{sched}{split}'
 
   def ToText(self) -> str:
     return (f'{self.kind},{self.k},{self.m},{self.recompute or ""},'
-            f'{self.schedule},{self.v}')
+            f'{self.schedule},{self.v}' + (',split' if self.split else ''))
 
   @classmethod
   def FromText(cls, text: str) -> 'Setup':
-    """'kind,K,M,recompute[,schedule,V]'."""
+    """'kind,K,M,recompute[,schedule,V[,split]]'."""
     fields = text.split(',')
     kind, k, m, recompute = fields[:4]
     schedule = fields[4] if len(fields) > 4 else 'gpipe'
     v = int(fields[5]) if len(fields) > 5 else 1
-    return cls(kind, int(k), int(m), recompute or None, schedule, v)
+    split = len(fields) > 6 and fields[6] == 'split'
+    return cls(kind, int(k), int(m), recompute or None, schedule, v, split)
 
 
 class SelfAttentionHalf(transformer_layers.TransformerAttentionLayer):
@@ -170,7 +173,7 @@ def BuildModel(stack: Stack, setup: Setup,
       name='model', cell_tpl=cells, num_micro_batches=setup.m,
       recompute=setup.recompute, devices=devices[:setup.k],
       schedule=setup.schedule, num_virtual_stages=setup.v,
-      fprop_dtype=fprop).Instantiate()
+      split_backward=setup.split, fprop_dtype=fprop).Instantiate()
 
 
 def Inputs(stack: Stack) -> NestedMap:
@@ -188,7 +191,8 @@ def Ideal(setup: Setup) -> float:
   free hand-offs (schedule.Simulate). GPipe and 1F1B: K M / (M + K - 1)."""
   if setup.kind != 'pipe':
     return 1.0
-  table = schedule.Make(setup.schedule, setup.k, setup.m, setup.v)
+  table = schedule.Make(setup.schedule, setup.k, setup.m, setup.v,
+                        split_backward=setup.split)
   stages = setup.k * setup.v
   forward = [1.0 / (stages * setup.m)] * stages
   if table.split_backward:

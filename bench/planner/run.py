@@ -6,8 +6,10 @@
       [--recompute=always|never] [--num_virtual_stages=2]
 
 For each model, (K, M) and schedule, recompute 'always' (or 'never', which
-ZB-H1 needs: --schedules=gpipe,1f1b,zb_h1), batch 32; interleaved 1F1B
-runs --num_virtual_stages stages on each of the K workers:
+ZB-H1 needs: --schedules=gpipe,1f1b,zb_h1, and so do split backwards:
+'1f1b+split' is 1F1B with PipeliningLayer's split_backward), batch 32;
+interleaved 1F1B runs --num_virtual_stages stages on each of the K
+workers:
 1. Predicted (a process pinned to core 0 with `taskset`, as each worker
    will be): lingvo_pipe.tools.plan measures every layer once per
    micro-batch size (layer_profile.py) and chooses the split from their
@@ -100,6 +102,14 @@ from lingvo_pipe.tools import memory_worker  # noqa: E402
 BATCH = 32
 # zb_h1 needs recompute 'never'; interleaved_1f1b runs V stages a worker.
 SCHEDULES = ('gpipe', '1f1b', 'zb_h1', 'interleaved_1f1b')
+SPLIT = '+split'  # a schedule's name + SPLIT: with split_backward
+
+
+def _Schedule(text: str) -> Tuple[str, bool]:
+  """'1f1b+split' -> ('1f1b', True); '1f1b' -> ('1f1b', False)."""
+  if text.endswith(SPLIT):
+    return text[:-len(SPLIT)], True
+  return text, False
 
 
 def _Label(k: int, m: int, schedule: str) -> str:
@@ -171,7 +181,9 @@ def _Predict(args: argparse.Namespace) -> None:
     refined = {}  # one profile of a split, whatever the schedule
     for k, name in [(k, n) for k in args.ks for n in args.schedules]:
       label = _Label(k, m, name)
-      layout = plan.Layout(name, _V(name, args.num_virtual_stages))
+      layout = plan.Layout(_Schedule(name)[0],
+                           _V(name, args.num_virtual_stages),
+                           _Schedule(name)[1])
       if fixed:
         summed = plan.PlanResult(
             name=args.model, batch_size=BATCH, num_micro_batches=m,
@@ -217,7 +229,8 @@ def _StepFn(layer: Any) -> Any:
 
 def _V(schedule: str, num_virtual_stages: int) -> int:
   """Stages per worker: V for interleaved 1F1B, else one."""
-  return num_virtual_stages if schedule == 'interleaved_1f1b' else 1
+  return (num_virtual_stages if _Schedule(schedule)[0] == 'interleaved_1f1b'
+          else 1)
 
 
 def _Build(model: str, bounds: List[int], m: int, devices: List[str],
@@ -225,10 +238,11 @@ def _Build(model: str, bounds: List[int], m: int, devices: List[str],
   from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import partitioner  # pylint: disable=g-import-not-at-top
   cells = partitioner.Cells(partitioner.NamedCopies(_Model(model)[0]), bounds)
+  name, split = _Schedule(schedule)
   layer = gpipe.PipeliningLayer.Params().Set(
       name=model, cell_tpl=cells, num_micro_batches=m, recompute=recompute,
-      devices=devices[:len(cells) // v], schedule=schedule,
-      num_virtual_stages=v).Instantiate()
+      devices=devices[:len(cells) // v], schedule=name,
+      num_virtual_stages=v, split_backward=split).Instantiate()
   layer.SetTraining(True)
   return layer
 
@@ -412,7 +426,9 @@ def _TimeCells(m: int, schedule: str, rounds: List[Dict[str, Any]],
   hops = [min(h) for h in zip(*[r['hop_s'] for r in rounds])]
   # Runs before the hand-offs' share of the cores was measured: none.
   busy = tuple(rounds[0].get('hop_busy', (0.0, 0.0)))
-  table = step_model.MakeTable(schedule, len(prof_fb), m, v)
+  name, split = _Schedule(schedule)
+  table = step_model.MakeTable(name, len(prof_fb), m, v,
+                               split_backward=split)
   pred = schedule_lib.Simulate(
       table, [f for f, _ in prof_fb], [b for _, b in prof_fb], 0.0,
       hops or None, weight_s=prof_w if table.split_backward else None,
@@ -495,7 +511,8 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--ms', default='1,4,8')
   parser.add_argument('--schedules', default=','.join(SCHEDULES),
                       help='Schedules each (K, M) is predicted and timed '
-                      f'in, of {SCHEDULES}.')
+                      f'in, of {SCHEDULES}; a name + {SPLIT!r}: with '
+                      'split backwards.')
   parser.add_argument('--profile_rounds', type=int, default=3,
                       help='Rounds of (profile the splits whole, time them '
                       'on the workers); each round\'s error is its '
@@ -530,14 +547,16 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   args = parser.parse_args(argv)
   if args.memory_runs < 1:
     parser.error(f'--memory_runs={args.memory_runs}: give at least 1.')
-  bad = [x for x in args.schedules.split(',') if x not in SCHEDULES]
+  names = [_Schedule(x) for x in args.schedules.split(',')]
+  bad = [x for x, _ in names if x not in SCHEDULES]
   if bad:
     parser.error(f'--schedules={args.schedules}: {bad} not in {SCHEDULES}; '
-                 'give some of those.')
-  if 'zb_h1' in args.schedules.split(',') and args.recompute != 'never':
+                 f'give some of those (each may end in {SPLIT!r}).')
+  if any(x == 'zb_h1' or split for x, split in names) and (
+      args.recompute != 'never'):
     parser.error(f'--schedules={args.schedules} with '
-                 f'--recompute={args.recompute}: zb_h1 keeps every '
-                 'activation; add --recompute=never.')
+                 f'--recompute={args.recompute}: zb_h1 and split '
+                 'backwards keep every activation; add --recompute=never.')
   if args.profile_rounds < 1 or args.rounds < 1:
     parser.error(f'--profile_rounds={args.profile_rounds} '
                  f'--rounds={args.rounds}: give at least 1 of each.')
