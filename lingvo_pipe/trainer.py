@@ -639,15 +639,16 @@ def _RunJob(p: Any) -> None:
 # notes the request and every loop raises it (RaiseIfInterrupted); a second
 # Ctrl-C raises at once.
 _interrupted = False
-_LIBRARY_DIRS = tuple(f'{os.sep}{name}{os.sep}' for name in (
-    'tensorflow', 'keras', 'tf_keras', 'tensorboard'))
+_LIBRARIES = ('tensorflow', 'keras', 'tf_keras', 'tensorboard')
 
 
 def _UnsafeToRaiseIn(frame: Any) -> bool:
+  """Whether a finalizer or a loaded library's code is on the stack."""
+  dirs = tuple(os.path.join(path, '') for name in _LIBRARIES
+               for path in getattr(sys.modules.get(name), '__path__', ()))
   while frame is not None:
     code = frame.f_code
-    if (code.co_name == '__del__' or
-        any(d in code.co_filename for d in _LIBRARY_DIRS)):
+    if code.co_name == '__del__' or code.co_filename.startswith(dirs):
       return True
     frame = frame.f_back
   return False
