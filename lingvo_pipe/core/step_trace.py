@@ -273,27 +273,35 @@ def _MultiStage(trace: StepTrace) -> Dict[str, bool]:
 
 
 def _Named(table: schedule.Schedule) -> schedule.Schedule:
-  """`table` named after the generator (schedule.Make) that makes it."""
+  """`table` named after the generator (schedule.Make) that makes it,
+  its backwards split or not."""
   k, s = table.num_devices, table.num_stages
   if not k or s % k:
     return table
   for name in schedule.SCHEDULES:
-    try:
-      made = schedule.Make(name, k, table.num_micro_batches, s // k)
-    except ValueError:
-      continue
-    if (made.order, made.stage_devices) == (table.order,
-                                            table.stage_devices):
-      return made
+    for split in (False, True):
+      try:
+        made = schedule.Make(name, k, table.num_micro_batches, s // k,
+                             split_backward=split)
+      except ValueError:
+        continue
+      if (made.order, made.stage_devices) == (table.order,
+                                              table.stage_devices):
+        return made
   return table
 
 
 def _Shape(trace: StepTrace, layer: str) -> str:
-  """'K=2 M=4, 1f1b schedule', with V=.. before M when V > 1."""
+  """'K=2 M=4, 1f1b schedule', with V=.. before M when V > 1 and
+  ', backwards split' after a generator's table split in place."""
   table = trace.Table(layer)
   k, s = table.num_devices, table.num_stages
   v = f' V={s // k}' if s > k else ''
-  return f'K={k}{v} M={table.num_micro_batches}, {table.name} schedule'
+  split = (', backwards split' if table.split_backward and
+           table.name in schedule.SCHEDULES and table.name != 'zb_h1'
+           else '')
+  return (f'K={k}{v} M={table.num_micro_batches}, {table.name} '
+          f'schedule{split}')
 
 
 # ---- measuring ---------------------------------------------------------

@@ -38,7 +38,8 @@ _BATCH = 32
 F, B = 'F', 'B'
 
 
-def _Layer(recompute, schedule_name='gpipe', k=_K, m=_M, v=1):
+def _Layer(recompute, schedule_name='gpipe', k=_K, m=_M, v=1,
+           split_backward=False):
   """k x v stages 32 -> 128 -> 32 -> ..., stage s on device s mod k."""
   proj = layers.ProjectionLayer.Params
   cells = [proj().Set(input_dim=32, output_dim=128, activation='RELU'),
@@ -46,6 +47,7 @@ def _Layer(recompute, schedule_name='gpipe', k=_K, m=_M, v=1):
   p = gpipe.PipeliningLayer.Params().Set(
       name='pipe', num_micro_batches=m, recompute=recompute,
       schedule=schedule_name, num_virtual_stages=v,
+      split_backward=split_backward,
       devices=devices.LogicalDevices('CPU')[:k], cell_tpl=cells)
   layer = p.Instantiate()
   layer.SetTraining(True)
@@ -204,6 +206,16 @@ class StepTraceTest(parameterized.TestCase):
     want = [f'{a.phase}{a.micro_batch}' + (f's{a.stage}' if v > 1 else '')
             for a in table.Actions()]
     self.assertEqual(names, sorted(want))
+
+  def testASplitTableIsReadBackAndNamed(self):
+    layer = _Layer('never', '1f1b', split_backward=True)
+    table = layer.Table(_M)
+    x = tf.random.stateless_normal([_BATCH, 32], [11, 12])
+    trace = step_trace.Measure(_OnePassStep(layer), x, warmup=1)
+    self.assertEqual(trace.Table('pipe'), table)
+    self.assertTrue(trace.Table('pipe').split_backward)
+    self.assertIn(f'pipe: K={_K} M={_M}, 1f1b schedule, backwards split',
+                  trace.Summary())
 
   def testRecordingChangesNoGradient(self):
     layer = _Layer('always')
