@@ -69,7 +69,8 @@ class OnePassTask(replica_task.ReplicaTask):
         loss_weight=tf.cast(tf.shape(input_batch.y)[0], tf.float64))
 
 
-def _Task(k, m, replicas=1, schedule='gpipe', v=1, one_pass=True):
+def _Task(k, m, replicas=1, schedule='gpipe', v=1, one_pass=True,
+          split_backward=False):
   p = replica_task.TaskParams(k * v, m, replicas, batch_norm=True)
   p.cls = OnePassTask
   p = OnePassTask.Params().Set(**{k_: v_ for k_, v_ in p.IterParams()
@@ -77,6 +78,9 @@ def _Task(k, m, replicas=1, schedule='gpipe', v=1, one_pass=True):
   p.one_pass = one_pass
   p.pipe.schedule = schedule
   p.pipe.num_virtual_stages = v
+  if split_backward:
+    p.pipe.recompute = 'never'
+    p.pipe.split_backward = True
   p.pipe.devices = [f'/device:CPU:{i}' for i in range(k * replicas)]
   task = p.Instantiate()
   task.CreateTrainState()
@@ -96,6 +100,20 @@ class OnePassTaskTest(tf.test.TestCase, parameterized.TestCase):
     ref_loss, ref_grads = replica_task.Gradients(
         _Task(1, 2 * replicas, one_pass=False), batch)
     self.assertLen(grads, 4 * 4 + 4)  # blocks, and pre's and post's w, b
+    self.assertAllClose(loss, ref_loss, atol=_TOL, rtol=0)
+    self.assertLess(replica_task.Worst(grads, ref_grads), _TOL)
+
+  @parameterized.parameters(('1f1b', 2, 1, 2), ('gpipe', 1, 2, 2))
+  def testSplitBackwardsWithReplicasEqualFProp(self, schedule, k, v,
+                                               replicas):
+    """Each B then its W, each stage's all-reduce after its last W."""
+    batch = replica_task.Batch()
+    task = _Task(k, 2 * replicas, replicas, schedule, v, split_backward=True)
+    self.assertTrue(task.pipe.Table(2).split_backward)
+    loss, grads = replica_task.Gradients(task, batch)
+    ref_loss, ref_grads = replica_task.Gradients(
+        _Task(1, 2 * replicas, one_pass=False), batch)
+    self.assertLen(grads, 4 * 4 + 4)
     self.assertAllClose(loss, ref_loss, atol=_TOL, rtol=0)
     self.assertLess(replica_task.Worst(grads, ref_grads), _TOL)
 
