@@ -181,9 +181,9 @@ def _Predict(args: argparse.Namespace) -> None:
     refined = {}  # one profile of a split, whatever the schedule
     for k, name in [(k, n) for k in args.ks for n in args.schedules]:
       label = _Label(k, m, name)
-      layout = plan.Layout(_Schedule(name)[0],
-                           _V(name, args.num_virtual_stages),
-                           _Schedule(name)[1])
+      schedule_name, split = _Schedule(name)
+      layout = plan.Layout(schedule_name, _V(name, args.num_virtual_stages),
+                           split)
       if fixed:
         summed = plan.PlanResult(
             name=args.model, batch_size=BATCH, num_micro_batches=m,

@@ -362,8 +362,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     sim = schedule_lib.Simulate(table)
     where = [self.ReplicaDevices(r) for r in range(num_replicas)]
     head = (f'R={num_replicas} replicas x ' if num_replicas > 1 else '')
-    split = (' (backwards split, B then W)' if self.params.split_backward
-             and table.name != 'zb_h1' else '')
+    split = ' (backwards split, B then W)' if table.split_in_place else ''
     v = self.params.num_virtual_stages
     stages = (f'K={self._num_devices} devices x V={v} stages'
               if v > 1 else f'K={s_total} partitions')

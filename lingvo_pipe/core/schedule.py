@@ -97,6 +97,12 @@ class Schedule:
     """Whether backwards are split: B makes d inputs, W d variables."""
     return any(a.phase == 'W' for row in self.order for a in row)
 
+  @property
+  def split_in_place(self) -> bool:
+    """Whether its backwards were split after the generator made it
+    (SplitBackwards), as ZB-H1's, which splits them itself, are not."""
+    return self.split_backward and self.name != 'zb_h1'
+
   def StagesOf(self, device: int) -> List[int]:
     return [s for s, d in enumerate(self.stage_devices) if d == device]
 

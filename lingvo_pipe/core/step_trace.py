@@ -297,9 +297,8 @@ def _Shape(trace: StepTrace, layer: str) -> str:
   table = trace.Table(layer)
   k, s = table.num_devices, table.num_stages
   v = f' V={s // k}' if s > k else ''
-  split = (', backwards split' if table.split_backward and
-           table.name in schedule.SCHEDULES and table.name != 'zb_h1'
-           else '')
+  split = (', backwards split' if table.split_in_place and
+           table.name in schedule.SCHEDULES else '')
   return (f'K={k}{v} M={table.num_micro_batches}, {table.name} '
           f'schedule{split}')
 

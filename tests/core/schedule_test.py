@@ -151,6 +151,8 @@ class GeneratorTest(parameterized.TestCase):
         split = schedule.Make(name, k, m, v, split_backward=True)
         self.assertEqual(name, split.name)
         self.assertTrue(split.split_backward)
+        self.assertTrue(split.split_in_place)
+        self.assertFalse(table.split_in_place)
         self.assertEqual(table.order, tuple(
             tuple(a for a in row if a.phase != 'W') for row in split.order))
         for row in split.order:  # each W right after its B
@@ -158,6 +160,11 @@ class GeneratorTest(parameterized.TestCase):
             if a.phase == 'B':
               self.assertEqual(b, A('W', a.stage, a.micro_batch))
         self.assertEqual(schedule.InFlight(table), schedule.InFlight(split))
+
+  def testZeroBubbleSplitsItselfNotInPlace(self):
+    table = schedule.Make('zb_h1', 2, 4, split_backward=True)
+    self.assertTrue(table.split_backward)
+    self.assertFalse(table.split_in_place)
 
   def testRunOrderAfterForwards(self):
     table = schedule.Make('1f1b', 3, 4)
