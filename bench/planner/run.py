@@ -160,6 +160,7 @@ def _Predict(args: argparse.Namespace) -> None:
   from lingvo_pipe.core import devices  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tools import layer_profile  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.tools import plan  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.tools import plan_search  # pylint: disable=g-import-not-at-top
   plan.SetUpProcess()  # as `python -m lingvo_pipe.tools.plan` runs
   devices.SplitCpu(1)
   layer_ps, shapes = _Model(args.model)
@@ -182,19 +183,19 @@ def _Predict(args: argparse.Namespace) -> None:
     for k, name in [(k, n) for k in args.ks for n in args.schedules]:
       label = _Label(k, m, name)
       schedule_name, split = _Schedule(name)
-      layout = plan.Layout(schedule_name, _V(name, args.num_virtual_stages),
-                           split)
+      layout = plan_search.Layout(
+          schedule_name, _V(name, args.num_virtual_stages), split)
       if fixed:
-        summed = plan.PlanResult(
+        summed = plan_search.PlanResult(
             name=args.model, batch_size=BATCH, num_micro_batches=m,
             recompute=args.recompute, bounds=fixed[label]['bounds'],
             profiles=[], partitions=[], step_s=0.0, idle=0.0, layout=layout)
       else:
-        summed = plan.Evaluate(args.model, profiles, BATCH, k, m,
-                               args.recompute, layout=layout)
+        summed = plan_search.Evaluate(args.model, profiles, BATCH, k, m,
+                                      args.recompute, layout=layout)
       bounds = tuple(summed.bounds)
       if bounds in refined:
-        res = plan.InLayout(refined[bounds], layout)
+        res = plan_search.InLayout(refined[bounds], layout)
       else:
         res = refined[bounds] = plan.Refine(
             summed, layer_ps, shapes(BATCH // m), num_runs=args.timing_runs,

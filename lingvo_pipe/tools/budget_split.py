@@ -14,7 +14,7 @@ any split fits.
 
 With V > 1 stages per device the budget binds a device, their sum: the
 split bounds each stage, and the planner checks the devices after
-(plan.Evaluate).
+(plan_search.Evaluate).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from lingvo_pipe.core import schedule  # noqa: E402
 from lingvo_pipe.tools import budget_split  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 from lingvo_pipe.tools import plan  # noqa: E402
+from lingvo_pipe.tools import plan_search  # noqa: E402
 from lingvo_pipe.tools import step_model  # noqa: E402
 
 MIB = 2**20
@@ -103,7 +104,7 @@ class HoldingTest(absltest.TestCase):
     # prediction's, carries and W's residuals included.
     profiles = [dataclasses.replace(_Layer(i), param_bytes=(i + 1) * MIB)
                 for i in range(4)]
-    zb = plan.Layout('zb_h1')
+    zb = plan_search.Layout('zb_h1')
     least = budget_split.LeastPeak(profiles, 2, 4, 'never', zb)
     bounds = budget_split.Split(profiles, 2, 4, 'never', least, zb)
     peaks = [p.peak_bytes for p in step_model.Predict(
@@ -167,23 +168,23 @@ class StepTest(absltest.TestCase):
     #   1f1b  dev 0: F0 0-1 F1 1-2 B0 4-6 B1 7-9
     #         dev 1: F0 1-2 B0 2-4 F1 4-5 B1 5-7
     profiles = [_Layer(0), _Layer(1)]
-    zb = plan.Evaluate('toy', profiles, 8, 2, 2, 'never',
-                       layout=plan.Layout('zb_h1'))
+    zb = plan_search.Evaluate('toy', profiles, 8, 2, 2, 'never',
+                              layout=plan_search.Layout('zb_h1'))
     self.assertEqual(zb.step_s, 7.0)
     self.assertEqual([(p.backward_s, p.weight_s) for p in zb.partitions],
                      [(1.0, 1.0), (1.0, 1.0)])
     # Each device works 2 x (F + B + W) = 6 of the 7.
     self.assertAlmostEqual(zb.idle, 1 / 7, places=12)
-    one = plan.Evaluate('toy', profiles, 8, 2, 2, 'never',
-                        layout=plan.Layout('1f1b'))
+    one = plan_search.Evaluate('toy', profiles, 8, 2, 2, 'never',
+                               layout=plan_search.Layout('1f1b'))
     self.assertEqual(one.step_s, 9.0)
     self.assertIn('W/micro', str(zb))
     self.assertNotIn('W/micro', str(one))
     # 1f1b, split: each B then its W; B0 reaches device 0 one W sooner.
     #   dev 0: F0 0-1 F1 1-2 B0 3-4 W0 4-5 B1 6-7 W1 7-8
     #   dev 1: F0 1-2 B0 2-3 W0 3-4 F1 4-5 B1 5-6 W1 6-7
-    split = plan.Evaluate('toy', profiles, 8, 2, 2, 'never',
-                          layout=plan.Layout('1f1b', 1, True))
+    split = plan_search.Evaluate('toy', profiles, 8, 2, 2, 'never',
+                                 layout=plan_search.Layout('1f1b', 1, True))
     self.assertEqual(split.step_s, 8.0)
     self.assertIn('W/micro', str(split))
     self.assertIn('schedule 1f1b (backwards split: split_backward)',
@@ -191,18 +192,19 @@ class StepTest(absltest.TestCase):
 
   def testSuggestedWhenItsStepIsFastest(self):
     by_m = {4: [_Layer(i, 0.25, 0.25, 0.25) for i in range(4)]}
-    self.assertEqual(plan.Layouts('', 1, 'never'), [
-        plan.Layout('gpipe'), plan.Layout('1f1b'),
-        plan.Layout('gpipe', 1, True), plan.Layout('1f1b', 1, True),
-        plan.Layout('zb_h1')])
-    self.assertEqual(plan.Layouts('1f1b', 1, 'never', True),
-                     [plan.Layout('1f1b', 1, True)])
+    self.assertEqual(plan_search.Layouts('', 1, 'never'), [
+        plan_search.Layout('gpipe'), plan_search.Layout('1f1b'),
+        plan_search.Layout('gpipe', 1, True),
+        plan_search.Layout('1f1b', 1, True),
+        plan_search.Layout('zb_h1')])
+    self.assertEqual(plan_search.Layouts('1f1b', 1, 'never', True),
+                     [plan_search.Layout('1f1b', 1, True)])
     # Re-computing stages cannot run it: not compared.
-    self.assertEqual(plan.Layouts('', 1, 'always'),
-                     [plan.Layout('gpipe'), plan.Layout('1f1b')])
-    chosen = plan.Suggest('toy', by_m, 8, [2], 'never',
-                          layouts=plan.Layouts('', 1, 'never'))
-    self.assertEqual(chosen.layout, plan.Layout('zb_h1'))
+    self.assertEqual(plan_search.Layouts('', 1, 'always'),
+                     [plan_search.Layout('gpipe'), plan_search.Layout('1f1b')])
+    chosen = plan_search.Suggest('toy', by_m, 8, [2], 'never',
+                                 layouts=plan_search.Layouts('', 1, 'never'))
+    self.assertEqual(chosen.layout, plan_search.Layout('zb_h1'))
     self.assertRegex(chosen.why_schedule,
                      r'^zb_h1 at K=2 M=4: [\d.]+% faster than gpipe .*; '
                      r'[\d.]+% faster than 1f1b ')

@@ -30,6 +30,7 @@ from lingvo_pipe.tools import budget_split  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 from lingvo_pipe.tools import model_pipeline  # noqa: E402
 from lingvo_pipe.tools import plan  # noqa: E402
+from lingvo_pipe.tools import plan_search  # noqa: E402
 from lingvo_pipe.tools import step_model  # noqa: E402
 from lingvo_pipe.tools import transfer_profile  # noqa: E402
 
@@ -51,7 +52,7 @@ def _RandomProfiles(rng, n):
                    rng.randint(1, 4), rng.randint(0, 6)) for i in range(n)]
 
 
-def _Peaks(profiles, bounds, m, recompute, layout=plan.Layout()):
+def _Peaks(profiles, bounds, m, recompute, layout=plan_search.Layout()):
   return [p.peak_bytes for p in step_model.Predict(
       profiles, bounds, m, recompute, layout.schedule_name,
       layout.num_virtual_stages)]
@@ -72,8 +73,9 @@ def _SplitOrNone(fn, *args):
 class SplitTest(parameterized.TestCase):
 
   @parameterized.product(recompute=('always', 'never', 'except_last'),
-                         layout=(plan.Layout(), plan.Layout('1f1b'),
-                                 plan.Layout('interleaved_1f1b', 2)))
+                         layout=(plan_search.Layout(),
+                                 plan_search.Layout('1f1b'),
+                                 plan_search.Layout('interleaved_1f1b', 2)))
   def testOptimalAmongFeasibleSplits(self, recompute, layout):
     rng = random.Random(7)
     v = layout.num_virtual_stages
@@ -373,7 +375,7 @@ class TransferTest(absltest.TestCase):
     cost = transfer_profile.TransferCost(latency_s=0.01,
                                          seconds_per_byte=1e-3 / MIB,
                                          measured=True)
-    result = plan.Evaluate('x', profiles, 8, 2, 2, transfer=cost)
+    result = plan_search.Evaluate('x', profiles, 8, 2, 2, transfer=cost)
     b = result.bounds[1]
     hop = 0.01 + 1e-3 * b  # layer b - 1 outputs b MiB
     self.assertEqual(result.hop_s, [cost.Seconds(b * MIB)])
@@ -385,10 +387,10 @@ class TransferTest(absltest.TestCase):
     self.assertGreater(result.step_s, step_model.StepSeconds(fwd, bwd, 2))
     self.assertIn(f'0->1 {hop * 1e3:.2f} ms', str(result))
     # One partition hands nothing on.
-    self.assertEqual(plan.Evaluate('x', profiles, 8, 1, 2,
+    self.assertEqual(plan_search.Evaluate('x', profiles, 8, 1, 2,
                                    transfer=cost).hop_s, [])
     # Nothing measured (one device here): free, and the report says so.
-    free = plan.Evaluate('x', profiles, 8, 2, 2)
+    free = plan_search.Evaluate('x', profiles, 8, 2, 2)
     self.assertEqual(free.hop_s, [0.0])
     self.assertEqual(free.step_s, step_model.StepSeconds(fwd, bwd, 2))
     self.assertIn('Hand-offs between partitions counted as free', str(free))
@@ -398,10 +400,10 @@ class TransferTest(absltest.TestCase):
     cost = transfer_profile.TransferCost(latency_s=0.0,
                                          seconds_per_byte=0.1 / MIB,
                                          measured=True)
-    two = plan.Exchange(2, cost)
+    two = plan_search.Exchange(2, cost)
     for k in (1, 2):
-      alone = plan.Evaluate('x', profiles, 8, k, 4)
-      summed = plan.Evaluate('x', profiles, 8, k, 4, exchange=two)
+      alone = plan_search.Evaluate('x', profiles, 8, k, 4)
+      summed = plan_search.Evaluate('x', profiles, 8, k, 4, exchange=two)
       self.assertEqual(summed.bounds, alone.bounds)
       stage_bytes = [4 * MIB * (b - a)
                      for a, b in zip(summed.bounds, summed.bounds[1:])]
@@ -417,20 +419,22 @@ class TransferTest(absltest.TestCase):
       self.assertIn('All-reduce over the 2 copies', str(summed))
       self.assertIn('per replica of 2', str(summed))
     # K=1: the sum comes after the only backward, all of it in the step.
-    one = plan.Evaluate('x', profiles, 8, 1, 4)
+    one = plan_search.Evaluate('x', profiles, 8, 1, 4)
     self.assertAlmostEqual(
-        plan.Evaluate('x', profiles, 8, 1, 4, exchange=two).step_s,
+        plan_search.Evaluate('x', profiles, 8, 1, 4, exchange=two).step_s,
         one.step_s + two.Seconds(16 * MIB), places=12)
     # K=2: the last stage's sum runs while stage 0 is still in backward.
-    two_k = plan.Evaluate('x', profiles, 8, 2, 4, exchange=two)
-    base = plan.Evaluate('x', profiles, 8, 2, 4)
+    two_k = plan_search.Evaluate('x', profiles, 8, 2, 4, exchange=two)
+    base = plan_search.Evaluate('x', profiles, 8, 2, 4)
     self.assertLess(two_k.step_s,
                     base.step_s + sum(two_k.all_reduce_s) - 1e-9)
     # Not measured (one device): free, and the report says so.
     self.assertEqual(plan.MeasureAllReduce(1).between, 'one replica')
     self.assertIn('All-reduce over the 2 copies counted as free', str(
-        plan.Evaluate('x', profiles, 8, 1, 4, exchange=plan.Exchange(
-            2, transfer_profile.TransferCost(between='one device')))))
+        plan_search.Evaluate('x', profiles, 8, 1, 4,
+                             exchange=plan_search.Exchange(
+                                 2, transfer_profile.TransferCost(
+                                     between='one device')))))
 
 class SuggestTest(absltest.TestCase):
 
@@ -448,11 +452,12 @@ class SuggestTest(absltest.TestCase):
 
   def testSuggestionChangesWithBudget(self):
     by_m = self._ByM()
-    free = plan.Suggest('toy', by_m, 8, [1, 2])
+    free = plan_search.Suggest('toy', by_m, 8, [1, 2])
     self.assertEqual((free.num_partitions, free.num_micro_batches), (2, 4))
     self.assertIn("the fastest step by its layers' sums", free.why)
     tight_budget = budget_split.LeastPeak(by_m[4], 2, 4) - 1
-    tight = plan.Suggest('toy', by_m, 8, [1, 2, 3, 4], budget=tight_budget)
+    tight = plan_search.Suggest('toy', by_m, 8, [1, 2, 3, 4],
+                                budget=tight_budget)
     self.assertGreater(tight.num_partitions, 2)
     for part in tight.partitions:
       self.assertLessEqual(part.peak_bytes, tight_budget)
@@ -460,23 +465,23 @@ class SuggestTest(absltest.TestCase):
   def testNothingFits(self):
     with self.assertRaisesRegex(ValueError, r'^memory_budget=1\.00 KiB fits '
                                 r'no K .* raise --memory_budget[^\n]*$'):
-      plan.Suggest('toy', self._ByM(), 8, [1, 2], budget=1024)
+      plan_search.Suggest('toy', self._ByM(), 8, [1, 2], budget=1024)
 
 
   def testPicksOneFOneBWhenGPipeDoesNotFitAndTimesTie(self):
     # Equal stages: GPipe's and 1F1B's steps are the same (the same
     # bubble); 1F1B's stage 0 holds K = 2 micro-batches, GPipe's all 4.
     by_m = {4: self._ByM()[4]}
-    both = [plan.Layout('gpipe'), plan.Layout('1f1b')]
-    plans = {layout.schedule_name: plan.Evaluate('toy', by_m[4], 8, 2, 4,
-                                                  layout=layout)
-             for layout in both}
+    both = [plan_search.Layout('gpipe'), plan_search.Layout('1f1b')]
+    plans = {layout.schedule_name: plan_search.Evaluate(
+        'toy', by_m[4], 8, 2, 4, layout=layout) for layout in both}
     self.assertEqual(plans['gpipe'].step_s, plans['1f1b'].step_s)
     self.assertLess(plans['1f1b'].peak_bytes, plans['gpipe'].peak_bytes)
     budget = plans['gpipe'].peak_bytes - 1
     self.assertEqual(budget_split.LeastPeak(by_m[4], 2, 4), budget + 1)
-    chosen = plan.Suggest('toy', by_m, 8, [2], budget=budget, layouts=both)
-    self.assertEqual(chosen.layout, plan.Layout('1f1b'))
+    chosen = plan_search.Suggest('toy', by_m, 8, [2], budget=budget,
+                                 layouts=both)
+    self.assertEqual(chosen.layout, plan_search.Layout('1f1b'))
     self.assertEqual(chosen.bounds, plans['1f1b'].bounds)
     self.assertEqual(chosen.why, '')  # K and M were given
     self.assertEqual(chosen.why_schedule, '1f1b at K=2 M=4: gpipe does not '
@@ -484,8 +489,8 @@ class SuggestTest(absltest.TestCase):
     self.assertIn('Schedule: 1f1b at K=2 M=4: gpipe does not fit',
                   str(chosen))
     # No budget: a tie in time goes to the one holding less.
-    free = plan.Suggest('toy', by_m, 8, [2], layouts=both)
-    self.assertEqual(free.layout, plan.Layout('1f1b'))
+    free = plan_search.Suggest('toy', by_m, 8, [2], layouts=both)
+    self.assertEqual(free.layout, plan_search.Layout('1f1b'))
     self.assertRegex(free.why_schedule, r'^1f1b at K=2 M=4: as fast as '
                      r'gpipe within 2% \(\S+ against \S+ s\), holding '
                      r'\S+ MiB per device, \S+ MiB less than its \S+ '
@@ -494,29 +499,31 @@ class SuggestTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r'^memory_budget=\S+ MiB is too '
                                 r'small for K=2 M=4 gpipe: its best split '
                                 r'needs'):
-      plan.Suggest('toy', by_m, 8, [2], budget=budget)
+      plan_search.Suggest('toy', by_m, 8, [2], budget=budget)
 
   def testOneFOneBFitsFewerDevices(self):
     # On one device 1F1B holds one micro-batch where GPipe holds all M:
     # under this budget only 1F1B runs on one device.
     by_m = self._ByM()
-    budget = budget_split.LeastPeak(by_m[4], 1, 4, layout=plan.Layout('1f1b'))
+    budget = budget_split.LeastPeak(by_m[4], 1, 4,
+                                    layout=plan_search.Layout('1f1b'))
     self.assertLess(budget, min(budget_split.LeastPeak(by_m[m], 1, m)
                                 for m in by_m))
-    both = [plan.Layout('gpipe'), plan.Layout('1f1b')]
-    chosen = plan.Suggest('toy', by_m, 8, [1], budget=budget, layouts=both)
+    both = [plan_search.Layout('gpipe'), plan_search.Layout('1f1b')]
+    chosen = plan_search.Suggest('toy', by_m, 8, [1], budget=budget,
+                                 layouts=both)
     self.assertEqual((chosen.num_devices, chosen.num_micro_batches,
                       chosen.layout.schedule_name), (1, 4, '1f1b'))
     self.assertIn('K=1 M=4: the fastest step that fits', chosen.why)
     with self.assertRaisesRegex(ValueError, r'fits no K in \[1\]'):
-      plan.Suggest('toy', by_m, 8, [1], budget=budget)
+      plan_search.Suggest('toy', by_m, 8, [1], budget=budget)
 
   def testOneProfileInAnotherSchedule(self):
     profiles = self._ByM()[4]
-    gpipe = plan.Evaluate('toy', profiles, 8, 2, 4)
-    one_f = plan.Evaluate('toy', profiles, 8, 2, 4,
-                          layout=plan.Layout('1f1b'))
-    moved = plan.InLayout(gpipe, plan.Layout('1f1b'))
+    gpipe = plan_search.Evaluate('toy', profiles, 8, 2, 4)
+    one_f = plan_search.Evaluate('toy', profiles, 8, 2, 4,
+                                 layout=plan_search.Layout('1f1b'))
+    moved = plan_search.InLayout(gpipe, plan_search.Layout('1f1b'))
     self.assertEqual(moved.bounds, one_f.bounds)
     self.assertEqual(moved.partitions, one_f.partitions)
     self.assertEqual((moved.step_s, moved.devices),
@@ -525,8 +532,8 @@ class SuggestTest(absltest.TestCase):
   def testInterleavedDevicesAddUpTheirStages(self):
     # K=1, V=2: each stage fits the budget, the device holding both does
     # not.
-    layout = plan.Layout('interleaved_1f1b', 2)
-    free = plan.Evaluate('toy', _Flat(4), 8, 1, 2, layout=layout)
+    layout = plan_search.Layout('interleaved_1f1b', 2)
+    free = plan_search.Evaluate('toy', _Flat(4), 8, 1, 2, layout=layout)
     stage_most = max(p.peak_bytes for p in free.partitions)
     self.assertGreater(free.peak_bytes, stage_most)
     with self.assertRaisesRegex(
@@ -534,8 +541,8 @@ class SuggestTest(absltest.TestCase):
         r'interleaved_1f1b V=2: device 0 holds its stages \[0, 1\] at '
         r'once, \S+ MiB; raise --memory_budget to \S+ MiB or use more '
         r'devices\.$'):
-      plan.Evaluate('toy', _Flat(4), 8, 1, 2, budget=stage_most,
-                    layout=layout)
+      plan_search.Evaluate('toy', _Flat(4), 8, 1, 2, budget=stage_most,
+                           layout=layout)
     text = str(free)
     self.assertIn('K=1 devices x V=2 stages, M=2 micro-batches', text)
     self.assertRegex(text, r'device 0 \(stages 0, 1\): busy \S+ s of the '
@@ -576,7 +583,7 @@ class ErrorsTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r'^num_partitions=4 but the '
                                 r'pipeline has 3 layers; use between 1 and '
                                 r'3\.$'):
-      plan.Evaluate('toy', profiles, 8, 4, 1)
+      plan_search.Evaluate('toy', profiles, 8, 4, 1)
 
   def testBudgetTooSmall(self):
     profiles = [_Profile(i, 1 / 8, 1 / 8, 1, 0, residual=8)
@@ -586,7 +593,7 @@ class ErrorsTest(absltest.TestCase):
         ValueError, r'^memory_budget=\S+ MiB is too small for K=1 M=1 '
         r'gpipe: its best split needs \S+ MiB on one device; raise '
         r'--memory_budget to \S+ MiB or use K=2 partitions\.$'):
-      plan.Evaluate('toy', profiles, 8, 1, 1, budget=need - 1)
+      plan_search.Evaluate('toy', profiles, 8, 1, 1, budget=need - 1)
 
   def testBadCoresText(self):
     with self.assertRaisesRegex(ValueError, r'^--cores=0;1: give core '
@@ -613,8 +620,8 @@ class ErrorsTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r"^Schedule 'interleaved_1f1b' "
                                 r'needs M a multiple of K: M=3, K=2; use '
                                 r'M = 2 or 4\.$'):
-      plan.Evaluate('toy', _Flat(4), 6, 2, 3,
-                    layout=plan.Layout('interleaved_1f1b', 2))
+      plan_search.Evaluate('toy', _Flat(4), 6, 2, 3,
+                           layout=plan_search.Layout('interleaved_1f1b', 2))
     with self.assertRaises(SystemExit):  # argparse's own message
       plan.Main([model, '--schedule=pipedream'])
 
@@ -643,8 +650,8 @@ class InputGradientTest(absltest.TestCase):
         seen.append(input_gradient)
         return real(layer, args, out, input_gradient)
 
-      first_plan = plan.Evaluate(pipe.name, profiles, pipe.batch_size, 2, 4,
-                                 recompute)
+      first_plan = plan_search.Evaluate(pipe.name, profiles,
+                                        pipe.batch_size, 2, 4, recompute)
       with mock.patch.object(layer_profile, '_GradientFn', Spy):
         plan.Refine(first_plan, pipe.layers, pipe.InputShapes(8),
                     num_runs=1, transfer=free, input_gradient=False)
@@ -713,7 +720,7 @@ class CommandLineTest(absltest.TestCase):
   def testRefinedPartitionsAreTheirLayersMeasuredWhole(self):
     pipe = model_pipeline.FromRegistry('image.synthetic.ResNetTinyGPipe')
     profiles = plan.ProfileAt(pipe, 4, num_runs=1)
-    first = plan.Evaluate(pipe.name, profiles, pipe.batch_size, 2, 4)
+    first = plan_search.Evaluate(pipe.name, profiles, pipe.batch_size, 2, 4)
     result = plan.Refine(first, pipe.layers, pipe.InputShapes(8),
                          num_runs=1)
     self.assertEqual(result.bounds, first.bounds)
