@@ -160,8 +160,9 @@ class PipeliningLayer(base_layer.BaseLayer):
     p.Define('split_backward', False,
              "With recompute 'never': each backward in training runs as B, "
              'the input gradient, handed to the previous stage at once, '
-             "then W, the weight gradient (schedule.SplitBackwards; the "
-             'same order and memory, nothing computed twice). '
+             'then W, the weight gradient (schedule.SplitBackwards; the '
+             'same order, nothing computed twice, but each micro-batch\'s '
+             'output gradients held from its B to its W). '
              "'zb_h1' always splits.")
     return p
 
@@ -400,6 +401,9 @@ def _CheckSchedule(where: str, p: Any) -> int:
         "the kept activations' gradient: it needs recompute='never' and one "
         f'stage per device, got recompute={p.recompute!r}, '
         f'num_virtual_stages={v}.')
+  if not isinstance(p.split_backward, bool):
+    raise ValueError(f'{where}: split_backward={p.split_backward!r}; use '
+                     'True or False.')
   if p.split_backward and p.recompute != 'never':
     raise ValueError(
         f"{where}: split_backward splits the kept activations' gradient: "

@@ -414,12 +414,37 @@ class ErrorTest(tf.test.TestCase):
         (dict(schedule='1f1b', split_backward=True, recompute='except_last'),
          r"'pipe': split_backward splits the kept activations' gradient: it "
          r"needs recompute='never', got recompute='except_last'\.$"),
+        (dict(split_backward='yes', recompute='never'),
+         r"'pipe': split_backward='yes'; use True or False\.$"),
     ]
     for kwargs, regex in cases:
       p = gpipe.PipeliningLayer.Params().Set(name='pipe', cell_tpl=cells,
                                              **kwargs)
       with self.assertRaisesRegex(ValueError, regex, msg=str(kwargs)):
         p.Instantiate()
+
+  def testBackwardsSplitOnlyWhenAsked(self):
+    # Whole by default in every mode; split_backward=True splits (recompute
+    # 'never' only), ZB-H1 is split by itself; evaluation's table never is.
+    cells = self._Cells([3] * 5)
+    for schedule_name, v in (('gpipe', 1), ('1f1b', 1),
+                             ('interleaved_1f1b', 2), ('zb_h1', 1)):
+      for recompute in gpipe.RECOMPUTE_MODES:
+        for split in (False, True):
+          if ((split or schedule_name == 'zb_h1') and
+              recompute != 'never'):
+            continue
+          pipe = gpipe.PipeliningLayer.Params().Set(
+              name='pipe', cell_tpl=cells, schedule=schedule_name,
+              num_virtual_stages=v, recompute=recompute,
+              num_micro_batches=4, split_backward=split).Instantiate()
+          expected = schedule_name == 'zb_h1' or split
+          what = (schedule_name, recompute, split)
+          self.assertEqual(pipe.Table(4).split_backward, expected, what)
+          self.assertEqual(pipe.Table(4).split_in_place,
+                           expected and schedule_name != 'zb_h1', what)
+          self.assertFalse(pipe.Table(4, training=False).split_backward,
+                           what)
 
 
 def _ConvPipeline(k, m):

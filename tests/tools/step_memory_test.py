@@ -7,7 +7,8 @@ the new one made in the gradient's buffer (step_model.py). The step is
 the trainer's: one pass (PipeliningLayer.FPropWithLoss, each
 micro-batch's loss as its forward ends) in the schedule's order, GPipe
 and 1F1B re-computing, and GPipe, 1F1B and ZB-H1 keeping activations
-(the backward then measured as it runs from kept residuals). A child
+(the backward then measured as it runs from kept residuals; 1F1B also
+with its backwards split into B and W, split_backward). A child
 process (this file with --child; the allocator keeps
 statistics only if told before TensorFlow starts) profiles the layers
 (one by one, and as the one partition the planner's refinement
@@ -49,13 +50,18 @@ def _Head(head_theta, out, batch):
                    tf.constant(out.shape[0], out.dtype))}
 
 
-def _Measured(m: int, schedule_name: str, recompute: str) -> int:
-  """The allocator's peak above what it held before, the most of 3 steps."""
+def _Params(m: int, schedule_name: str, recompute: str, how: str):
+  """The pipeline of a case; `how` 'split' splits its backwards."""
   cell = layers.SequentialLayer.Params().Set(name='cell_0', sub=_Layers())
-  layer = gpipe.PipeliningLayer.Params().Set(
-      name=f'pipe{m}_{schedule_name}_{recompute}', cell_tpl=[cell],
+  return gpipe.PipeliningLayer.Params().Set(
+      name=f'pipe{m}_{schedule_name}_{recompute}{how}', cell_tpl=[cell],
       num_micro_batches=m, recompute=recompute, devices=['/device:CPU:0'],
-      schedule=schedule_name).Instantiate()
+      schedule=schedule_name, split_backward=how == 'split')
+
+
+def _Measured(p) -> int:
+  """The allocator's peak above what it held before, the most of 3 steps."""
+  layer = p.Instantiate()
   layer.SetTraining(True)
   variables = layer.vars.Flatten()
 
@@ -73,24 +79,26 @@ def _Measured(m: int, schedule_name: str, recompute: str) -> int:
 
 def _Child(cases: str) -> None:
   """The child: predicted and measured step bytes per
-  'M:schedule:recompute', as JSON."""
+  'M:schedule:recompute[:split]', as JSON."""
   devices.SplitCpu(1)
   out = {}
   for case in cases.split(','):
-    m, name, recompute = case.split(':')
+    m, name, recompute, how = (case + ':').split(':')[:4]
     m, never = int(m), recompute == 'never'
+    p = _Params(m, name, recompute, how)
+    split = p.split_backward
     shape = tf.TensorShape([BATCH // m, DIM])
     profiles = layer_profile.ProfileLayers(_Layers(), shape, num_runs=3,
                                            keeps_activations=never)
-    predicted = step_model.Predict(profiles, [0, 2], m, recompute,
-                                   name)[0].step_bytes
+    predicted = step_model.Predict(profiles, [0, 2], m, recompute, name,
+                                   split_backward=split)[0].step_bytes
     # The planner's refinement: the partition measured as one layer.
     whole = layer_profile.ProfilePartitions(_Layers(), [0, 2], shape,
                                             num_runs=3,
                                             keeps_activations=never)
-    refined = step_model.Predict(whole, [0, 1], m, recompute,
-                                 name)[0].step_bytes
-    out[case] = [predicted, refined, _Measured(m, name, recompute)]
+    refined = step_model.Predict(whole, [0, 1], m, recompute, name,
+                                 split_backward=split)[0].step_bytes
+    out[case] = [predicted, refined, _Measured(p)]
   print(json.dumps(out), flush=True)
 
 
@@ -102,14 +110,15 @@ class StepMemoryTest(absltest.TestCase):
     child = subprocess.run(
         [sys.executable, os.path.abspath(__file__), '--child',
          '1:gpipe:always,4:gpipe:always,4:1f1b:always,4:gpipe:never,'
-         '4:1f1b:never,4:zb_h1:never'],
+         '4:1f1b:never,4:1f1b:never:split,4:zb_h1:never'],
         capture_output=True, text=True, timeout=600, cwd=root,
         env=dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL='2'))
     self.assertEqual(0, child.returncode, child.stderr[-3000:])
     out = json.loads(child.stdout.strip().splitlines()[-1])
     for case, copies in (('1:gpipe:always', 1), ('4:gpipe:always', 2),
                          ('4:1f1b:always', 2), ('4:gpipe:never', 2),
-                         ('4:1f1b:never', 2), ('4:zb_h1:never', 2)):
+                         ('4:1f1b:never', 2), ('4:1f1b:never:split', 2),
+                         ('4:zb_h1:never', 2)):
       predicted, refined, measured = out[case]
       msg = (f'M:schedule={case}: predicted {predicted / MIB:.2f} MiB (refined '
              f'{refined / MIB:.2f}), measured {measured / MIB:.2f} MiB, '
