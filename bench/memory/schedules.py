@@ -2,14 +2,16 @@
 micro-batch size.
 
   .venv/bin/python -m bench.memory.run schedules [--ms=8,32]
-      [--modes=never,always] [--micro_batch=4] [--repeats=1]
-      [--json_out=FILE]
+      [--modes=never,always] [--split=both|whole|split] [--micro_batch=4]
+      [--repeats=1] [--json_out=FILE]
 
 bench/common's Transformer stack (8 encoder layers, d=128, ff=512, 4
 heads, seq 64) on K=2 devices, micro-batches of --micro_batch sequences
 (so the batch is M x micro-batch), for each recompute mode, M and
 schedule: 'gpipe', '1f1b' and 'interleaved_1f1b' with V=2 (four stages
-of two layers, stage s on device s mod 2).
+of two layers, stage s on device s mod 2). With recompute 'never' each
+schedule also runs with its backwards split ('split':
+PipeliningLayer.split_backward, each B then its W; --split chooses).
 
 Each configuration is probed in a fresh process as table1.py probes a
 size (`table1.Probe`): two `tf.distribute.Server` workers with the BFC
@@ -32,7 +34,8 @@ micro-batch; 1F1B holds at most K-k on device k; interleaved holds
 
 Targets (at K=2, M=32, recompute 'never'): 1F1B's worst device's
 activation peak is at most 1/4 of GPipe's; and 1F1B at M=32 is within
-1.2x of 1F1B at M=8 (its peak does not grow with M).
+1.2x of 1F1B at M=8 (its peak does not grow with M); each judged with
+whole backwards and with split ones (both against GPipe's whole).
 """
 
 from __future__ import annotations
@@ -65,20 +68,24 @@ class Config:
   v: int
   recompute: str
   m: int
+  split: bool = False  # PipeliningLayer.split_backward
 
   @property
   def name(self) -> str:
-    return (self.schedule if self.v == 1
-            else f'{self.schedule} V={self.v}')
+    return ((self.schedule if self.v == 1
+             else f'{self.schedule} V={self.v}') +
+            (', split' if self.split else ''))
 
   def SetupText(self) -> str:
     """bench/common's Setup.ToText of this configuration."""
-    return f'pipe,{K},{self.m},{self.recompute},{self.schedule},{self.v}'
+    return (f'pipe,{K},{self.m},{self.recompute},{self.schedule},{self.v}'
+            + (',split' if self.split else ''))
 
 
 def HeldLayers(config: Config) -> List[int]:
   """Per device: most layer x micro-batch activations held (docstring)."""
-  table = schedule_lib.Make(config.schedule, K, config.m, config.v)
+  table = schedule_lib.Make(config.schedule, K, config.m, config.v,
+                            config.split)
   _, device_peak = schedule_lib.InFlight(table)
   per_stage = STACK['num_layers'] // (K * config.v)
   return [n * per_stage for n in device_peak]
@@ -136,29 +143,36 @@ def Table(results: Dict[Config, dict], micro_batch: int) -> str:
 
 def Targets(results: Dict[Config, dict]) -> List[str]:
   """The two target lines, 'ok' or 'MISS' (module docstring)."""
-  def Worst(schedule: str, m: int) -> float:
-    return _Worst(results[Config(schedule, 1, 'never', m)])[1]
+  def Worst(schedule: str, m: int, split: bool = False) -> float:
+    return _Worst(results[Config(schedule, 1, 'never', m, split)])[1]
 
   lines = []
   m_hi, m_lo = 32, 8
-  try:
-    gpipe, ofob = Worst('gpipe', m_hi), Worst('1f1b', m_hi)
-    ratio = ofob / gpipe
-    lines.append(
-        f'K={K} M={m_hi} never: 1F1B worst device {ofob:.1f} MiB, GPipe '
-        f'{gpipe:.1f} MiB: {ratio:.3f} of it (target at most '
-        f'{QUARTER_TARGET:g}): {"ok" if ratio <= QUARTER_TARGET else "MISS"}')
-  except KeyError:
-    lines.append(f'K={K} M={m_hi} never: not measured (need gpipe and 1f1b)')
-  try:
-    lo, hi = Worst('1f1b', m_lo), Worst('1f1b', m_hi)
-    ratio = hi / lo
-    lines.append(
-        f'1F1B never: worst device M={m_hi} {hi:.1f} MiB, M={m_lo} '
-        f'{lo:.1f} MiB: {ratio:.2f}x (target at most {FLAT_TARGET:g}x): '
-        f'{"ok" if ratio <= FLAT_TARGET else "MISS"}')
-  except KeyError:
-    lines.append(f'1F1B never: not measured (need M={m_lo} and {m_hi})')
+  for split in (False, True):
+    what = '1F1B, backwards split' if split else '1F1B'
+    if Config('1f1b', 1, 'never', m_hi, split) not in results:
+      continue
+    try:
+      gpipe, ofob = Worst('gpipe', m_hi), Worst('1f1b', m_hi, split)
+      ratio = ofob / gpipe
+      lines.append(
+          f'K={K} M={m_hi} never: {what} worst device {ofob:.1f} MiB, GPipe '
+          f'{gpipe:.1f} MiB: {ratio:.3f} of it (target at most '
+          f'{QUARTER_TARGET:g}): '
+          f'{"ok" if ratio <= QUARTER_TARGET else "MISS"}')
+    except KeyError:
+      lines.append(f'K={K} M={m_hi} never: not measured (need gpipe)')
+    try:
+      lo, hi = Worst('1f1b', m_lo, split), Worst('1f1b', m_hi, split)
+      ratio = hi / lo
+      lines.append(
+          f'{what} never: worst device M={m_hi} {hi:.1f} MiB, M={m_lo} '
+          f'{lo:.1f} MiB: {ratio:.2f}x (target at most {FLAT_TARGET:g}x): '
+          f'{"ok" if ratio <= FLAT_TARGET else "MISS"}')
+    except KeyError:
+      lines.append(f'{what} never: not measured (need M={m_lo} and {m_hi})')
+  if not lines:
+    lines.append(f'K={K} M={m_hi} never: not measured (need 1f1b)')
   return lines
 
 
@@ -168,6 +182,10 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--ms', default='8,32', help='micro-batch counts M')
   parser.add_argument('--modes', default='never,always',
                       help='recompute modes')
+  parser.add_argument('--split', default='both',
+                      choices=['both', 'whole', 'split'],
+                      help="with recompute 'never': whole backwards, split "
+                      '(PipeliningLayer.split_backward) or both')
   parser.add_argument('--micro_batch', type=int, default=4,
                       help='sequences per micro-batch')
   parser.add_argument('--repeats', type=int, default=1,
@@ -188,7 +206,10 @@ def main(argv: Sequence[str]) -> None:
   if args.probe:
     _ProbeMain(args)
   ms = [int(m) for m in args.ms.split(',')]
-  configs = [Config(s, v, mode, m) for mode in args.modes.split(',')
+  splits = {'both': (False, True), 'whole': (False,), 'split': (True,)}
+  configs = [Config(s, v, mode, m, split)
+             for mode in args.modes.split(',')
+             for split in (splits[args.split] if mode == 'never' else (False,))
              for s, v in SCHEDULES for m in ms]
   print(f'{cli.Header()}\n'
         f'Model: {STACK["num_layers"]} TransformerEncoderLayers, d='
