@@ -142,7 +142,7 @@ def Table(results: Dict[Config, dict], micro_batch: int) -> str:
 
 
 def Targets(results: Dict[Config, dict]) -> List[str]:
-  """The two target lines, 'ok' or 'MISS' (module docstring)."""
+  """The target lines, whole and split, 'ok' or 'MISS' (module docstring)."""
   def Worst(schedule: str, m: int, split: bool = False) -> float:
     return _Worst(results[Config(schedule, 1, 'never', m, split)])[1]
 
@@ -172,7 +172,7 @@ def Targets(results: Dict[Config, dict]) -> List[str]:
     except KeyError:
       lines.append(f'{what} never: not measured (need M={m_lo} and {m_hi})')
   if not lines:
-    lines.append(f'K={K} M={m_hi} never: not measured (need 1f1b)')
+    lines.append(f'K={K} M={m_hi} never: not measured (need 1f1b at M={m_hi})')
   return lines
 
 
