@@ -92,6 +92,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from lingvo_pipe.core import quiet  # noqa: E402
+
+quiet.ImportTensorFlow()  # before the modules below import it
+
 from bench.common import cli  # noqa: E402
 from lingvo_pipe.core import schedule as schedule_lib  # noqa: E402
 from lingvo_pipe.tools import memory_worker  # noqa: E402

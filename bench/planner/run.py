@@ -94,6 +94,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 MEMORY_ENV = {'TF_CPU_ALLOCATOR_USE_BFC': 'true'}
 os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
 
+from lingvo_pipe.core import quiet  # noqa: E402
+
+quiet.ImportTensorFlow()  # before the modules below import it
+
 from bench.common import cli  # noqa: E402
 from bench.common import cores  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
