@@ -30,6 +30,10 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from lingvo_pipe.core import quiet  # noqa: E402
+
+quiet.ImportTensorFlow()  # before the modules below import it
+
 from bench.common import cli  # noqa: E402
 from bench.common import proc  # noqa: E402
 

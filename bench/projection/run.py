@@ -28,7 +28,9 @@ import time
 os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
-import tensorflow as tf  # noqa: E402
+from lingvo_pipe.core import quiet  # noqa: E402
+
+tf = quiet.ImportTensorFlow()
 
 from bench.common import cli  # noqa: E402
 from lingvo_pipe.core import kernels  # noqa: E402

@@ -72,6 +72,10 @@ from typing import Dict, List, Sequence, Tuple
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from lingvo_pipe.core import quiet  # noqa: E402
+
+quiet.ImportTensorFlow()  # before the modules below import it
+
 import tensorflow as tf  # noqa: E402
 
 from bench.common import cli  # noqa: E402

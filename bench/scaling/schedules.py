@@ -63,6 +63,10 @@ from typing import Dict, List, Sequence, Tuple
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from lingvo_pipe.core import quiet  # noqa: E402
+
+quiet.ImportTensorFlow()  # before the modules below import it
+
 from bench.common import cli  # noqa: E402
 from bench.common import stack as stack_lib  # noqa: E402
 from bench.scaling import pipeline as scaling  # noqa: E402

@@ -34,6 +34,10 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from lingvo_pipe.core import quiet  # noqa: E402
+
+quiet.ImportTensorFlow()  # before the modules below import it
+
 from bench.common import proc  # noqa: E402
 from bench.common import stack as stack_lib  # noqa: E402
 from lingvo_pipe.core import devices  # noqa: E402

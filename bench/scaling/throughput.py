@@ -40,6 +40,10 @@ from typing import Dict, List
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from lingvo_pipe.core import quiet  # noqa: E402
+
+quiet.ImportTensorFlow()  # before the modules below import it
+
 from bench.common import stack as stack_lib  # noqa: E402
 from lingvo_pipe.core import cluster  # noqa: E402
 from lingvo_pipe.core import step_trace  # noqa: E402

@@ -37,6 +37,10 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))  # the checkout
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from lingvo_pipe.core import quiet  # noqa: E402
+
+quiet.ImportTensorFlow()  # before the modules below import it
+
 import tensorflow as tf  # noqa: E402
 from tensorflow.core.util import event_pb2  # noqa: E402
 
