@@ -1,5 +1,6 @@
 """Predicting a pipeline split's step and memory, and choosing K, M and
-the schedule, from measured profiles; plan.py measures and reports.
+the schedule, from measured profiles; plan.py measures them and runs the
+command line.
 
 `Evaluate` splits the layers onto K devices for one (K, M, schedule) and
 predicts the step by running the schedule's table with the profiles'
@@ -28,7 +29,8 @@ _NEAR_BEST = 1.02  # suggestions within 2% of the fastest count as ties
 @dataclasses.dataclass(frozen=True)
 class Exchange:
   """Data parallelism: R replicas, each stage's gradient all-reduced over
-  its R copies at `cost` (measured over two devices, module docstring)."""
+  its R copies at `cost` (measured over two devices, plan.py's
+  docstring)."""
   num_replicas: int = 1
   cost: transfer_profile.TransferCost = transfer_profile.TransferCost()
 
@@ -368,7 +370,7 @@ def Suggest(name: str, profiles_by_m: Dict[int, List[Profile]],
             transfer: Optional[transfer_profile.TransferCost] = None,
             layouts: Sequence[Layout] = (Layout(),),
             exchange: Exchange = Exchange()) -> PlanResult:
-  """The fastest predicted (K, M, schedule) that fits (module docstring)."""
+  """The fastest predicted (K, M, schedule) that fits (plan.py's docstring)."""
   plans, smallest = _Candidates(name, profiles_by_m, batch_size, ks,
                                 recompute, budget, transfer, layouts,
                                 exchange)
