@@ -14,8 +14,9 @@
 #                               or over 15 s under Bazel): pytest ran them
 #                               just now, Bazel still builds them, and
 #                               bazel_build_test checks their deps (this
-#                               keeps the suite under 15 minutes on 2
-#                               cores); run them under Bazel too with
+#                               saves running them twice: CONTRIBUTING.md
+#                               gives the suite's time); run them under
+#                               Bazel too with
 #                               `bash tools/bazel_test.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
