@@ -279,15 +279,14 @@ def _Named(table: schedule.Schedule) -> schedule.Schedule:
   if not k or s % k:
     return table
   for name in schedule.SCHEDULES:
-    for split in (False, True):
-      try:
-        made = schedule.Make(name, k, table.num_micro_batches, s // k,
-                             split_backward=split)
-      except ValueError:
-        continue
-      if (made.order, made.stage_devices) == (table.order,
-                                              table.stage_devices):
-        return made
+    try:
+      made = schedule.Make(name, k, table.num_micro_batches, s // k,
+                           split_backward=table.split_backward)
+    except ValueError:
+      continue
+    if (made.order, made.stage_devices) == (table.order,
+                                            table.stage_devices):
+      return made
   return table
 
 
