@@ -195,8 +195,7 @@ def Probe(num_workers: int,
       memory_worker.MemoryWorkers(
           num_workers, logs,
           env={'TF_CPU_ALLOCATOR_USE_BFC': 'true'}) as workers:
-    from lingvo_pipe.core import quiet  # pylint: disable=g-import-not-at-top
-    tf = quiet.ImportTensorFlow()
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
     from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
     from lingvo_pipe.core import optimizer  # pylint: disable=g-import-not-at-top
