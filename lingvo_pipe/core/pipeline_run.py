@@ -517,8 +517,13 @@ class PipelineRun:
     num_in = len(leaves)
     sizes = [len(t) for t in self._theta_leaves]
 
+    devices = ([self._devices[0]] * num_in +
+               [self._devices[s] for s, n in enumerate(sizes)
+                for _ in range(n)])
+
     @tf.custom_gradient
     def Run(*args):
+      args = _Cut(args, devices)
       self._SetTheta(_Unflatten(list(args[num_in:]), sizes))
       flow = pipeline_engine.Flow(inputs=_Split(
           list(args[:num_in]), self._m, self._axis, self._devices[0]))
@@ -578,6 +583,7 @@ class PipelineRun:
 
     @tf.custom_gradient
     def Run(*args):
+      args = _Cut(args, devices)
       self._SetTheta(_Unflatten(list(args[num_in:len(args) - num_head]),
                                 sizes))
       self._head_theta = list(args[len(args) - num_head:])
@@ -606,6 +612,29 @@ class PipelineRun:
     flat = Run(*leaves, *[x for t in self._theta_leaves for x in t],
                *self._loss.theta_leaves)
     return self._loss.Metrics(flat[0], list(flat[1:]))
+
+
+def _Cut(args: Sequence[Any], devices: Sequence[str]) -> List[Any]:
+  """Eagerly, each argument of a pipeline's custom gradient cut from the
+  caller's tapes (tf.stop_gradient, on the device that reads it).
+
+  `tf.custom_gradient` lets the tapes record every op its function makes.
+  Eagerly, a tape that sees a stage function called on a tensor it
+  watches builds that function's forward and backward functions at once;
+  Run's gradient is its own Grad, so that work (about 40% of an eager
+  pipeline call) is never used. In a graph TensorFlow defers it until
+  something asks for that gradient, which nothing does: no ops added.
+  """
+  if not tf.executing_eagerly():
+    return list(args)
+  out = []
+  for x, device in zip(args, devices):
+    if x is None or x.dtype in (tf.resource, tf.variant):
+      out.append(x)
+      continue
+    with tf.device(device):
+      out.append(tf.stop_gradient(x))
+  return out
 
 
 def _Scaled(grad: Optional[tf.Tensor], dloss: tf.Tensor,

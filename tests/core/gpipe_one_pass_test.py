@@ -13,6 +13,7 @@ the same ops, so the same bits; so does any schedule with split_backward.
 from absl.testing import absltest
 from absl.testing import parameterized
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from lingvo_pipe.core import devices
 
@@ -257,6 +258,38 @@ class OnePassTest(tf.test.TestCase, parameterized.TestCase):
         if t.dtype != tf.resource:
           self.assertTrue(t.shape.is_fully_defined(), t)
     self.assertNotIn('create_op', type(graph).__dict__)
+
+  @parameterized.parameters(('gpipe', 'always', False),
+                            ('1f1b', 'never', False), ('gpipe', 'never', True))
+  def testEagerCallsUnderATapeBuildNoGradientFunctions(self, sched, recompute,
+                                                       fprop):
+    """Eagerly, under the caller's tape, the stage calls are plain calls:
+    no tape-built forward or backward function of any of them (TensorFlow
+    registers those as '__forward_*' and '*__backward_*'), and the
+    gradients still match the full batch."""
+    def Built():
+      return {n for n in context.context().list_function_names()
+              if n.startswith('__forward_') or '__backward_' in n}
+
+    before = Built()
+    pipe = lib.Pipeline(2, 4, recompute, sched, keep_prob=0.75)
+    if fprop:
+      variables = pipe.vars.Flatten()
+      with tf.GradientTape() as tape:
+        out = pipe.FProp(pipe.theta, self._inputs)
+        loss = tf.reduce_sum(out.vec * out.vec)
+      grads = dict(zip(map(id, variables), tape.gradient(loss, variables)))
+      with tf.GradientTape() as tape:
+        ref_out = self._ref.FProp(self._ref.theta, self._inputs)
+        ref_loss = tf.reduce_sum(ref_out.vec * ref_out.vec)
+      ref_grads = dict(zip(map(id, self._ref.vars.Flatten()), tape.gradient(
+          ref_loss, self._ref.vars.Flatten())))
+      for pv, rv in lib.PairedVariables(pipe, self._ref):
+        self.assertAllClose(ref_grads[id(rv)], grads[id(pv)], atol=1e-12,
+                            rtol=0, msg=pv.name)
+    else:
+      self._Check(pipe, 4, lambda f: f)
+    self.assertEqual(Built() - before, set())
 
 
 if __name__ == '__main__':
