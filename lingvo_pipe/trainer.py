@@ -226,8 +226,8 @@ def SetUpDevices(run_locally: str, needed: int,
   if run_locally == 'cpu':
     devices.SplitCpu(max(needed, 1), share_cores=share_cores)
     return
-  from lingvo_pipe.core import pipeline_run  # pylint: disable=g-import-not-at-top
-  pipeline_run.ShareCallBodies()
+  from lingvo_pipe.core import stage_function  # pylint: disable=g-import-not-at-top
+  stage_function.ShareCallBodies()
   gpus = tf.config.list_physical_devices('GPU')
   if len(gpus) < needed:
     raise TrainingStopped(

@@ -15,7 +15,7 @@ i to core i), builds every set-up of every stack (one per dtype) with
 partition k on task k, traces each one's training step
 (`stack.TrainStepFunction`: one pass, every gradient, an SGD update on
 each variable's device, the loss back), counts the bytes its stages hand
-each other (`pipeline_run.HandOffs` of the traced graph, per sending and
+each other (`hand_offs.HandOffs` of the traced graph, per sending and
 receiving task), warms it up, then times `rounds` rounds of one step of
 each, interleaved (`stack.Rotations`). Prints one JSON line, label ->
 record: times, worker_cpu (CPU seconds per step of each worker),
@@ -45,11 +45,11 @@ def Label(stack: stack_lib.Stack, setup: stack_lib.Setup) -> str:
 def HandOffBytes(graph, devices: List[str]) -> Dict[str, dict]:
   """{'i->j': bytes} the stages on task i send task j per step, and the
   sorted dtypes of what they send."""
-  from lingvo_pipe.core import pipeline_run  # pylint: disable=g-import-not-at-top
-  index = {pipeline_run.CanonicalDevice(d): i for i, d in enumerate(devices)}
+  from lingvo_pipe.core import hand_offs  # pylint: disable=g-import-not-at-top
+  index = {hand_offs.CanonicalDevice(d): i for i, d in enumerate(devices)}
   sizes: Dict[str, int] = collections.Counter()
   dtypes = set()
-  for t, src, dst in pipeline_run.HandOffs(graph, devices):
+  for t, src, dst in hand_offs.HandOffs(graph, devices):
     sizes[f'{index[src]}->{index[dst]}'] += (t.shape.num_elements() *
                                              t.dtype.size)
     dtypes.add(t.dtype.name)

@@ -19,7 +19,7 @@ core i (`local_workers.LocalWorkers`), one client (measure.py) that
 builds every configuration, warms each up (--warmup), then times --rounds
 rounds of one step of each, interleaved. Median seconds per step and the
 workers' CPU seconds per step. It also counts, in each traced step, the
-bytes the partitions hand each other (`pipeline_run.HandOffs`: every
+bytes the partitions hand each other (`hand_offs.HandOffs`: every
 tensor one stage function's call sends a call on another task, once per
 receiving task), from task 0 to 1 (activations) and back (gradients),
 and lists their dtypes.

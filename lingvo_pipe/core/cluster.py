@@ -45,8 +45,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from lingvo_pipe.core import devices
-from lingvo_pipe.core import pipeline_run
 from lingvo_pipe.core import quiet
+from lingvo_pipe.core import stage_function
 
 # What TensorFlow reads for its default inter-op thread count.
 _INTER_OP_ENV = 'TF_NUM_INTEROP_THREADS'
@@ -233,7 +233,7 @@ def Connect(spec: tf.train.ClusterSpec, job: str = 'worker',
   os.environ.setdefault(_FAIL_FAST_ENV, 'true')
   if timeout_secs is not None:
     WaitForTasks(spec, job, timeout_secs)
-  pipeline_run.ShareCallBodies()  # before connecting: workers get it too
+  stage_function.ShareCallBodies()  # before connecting: workers get it too
   tf.config.experimental_connect_to_cluster(spec)
   remote = [tf.DeviceSpec.from_string(d.name)
             for d in tf.config.list_logical_devices()]

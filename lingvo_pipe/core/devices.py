@@ -14,7 +14,7 @@ from typing import List
 
 import tensorflow as tf
 
-from lingvo_pipe.core import pipeline_run
+from lingvo_pipe.core import stage_function
 
 
 def NumCores() -> int:
@@ -39,7 +39,7 @@ def SplitCpu(num_devices: int, share_cores: bool = True) -> List[str]:
   """
   if num_devices < 1:
     raise ValueError(f'SplitCpu needs num_devices >= 1, got {num_devices}.')
-  pipeline_run.ShareCallBodies()
+  stage_function.ShareCallBodies()
   cpu = tf.config.list_physical_devices('CPU')[0]
   current = tf.config.get_logical_device_configuration(cpu)
   if current is None or len(current) < num_devices:

@@ -53,6 +53,7 @@ import tensorflow as tf
 
 from lingvo_pipe.core import base_layer
 from lingvo_pipe.core import devices as devices_lib
+from lingvo_pipe.core import hand_offs
 from lingvo_pipe.core import pipeline_run
 from lingvo_pipe.core import schedule as schedule_lib
 from lingvo_pipe.core.nested_map import NestedMap
@@ -306,7 +307,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     if not leaves:
       raise ValueError(f"PipeliningLayer '{self.path}' got no input tensors.")
     with tf.device(self.stage_devices[0]):
-      leaves = pipeline_run.CastFloats(leaves, self.hand_off_dtype)
+      leaves = hand_offs.CastFloats(leaves, self.hand_off_dtype)
     num_micro = self.NumMicroBatches(self._BatchSize(leaves))
     devices = self.devices
     thetas = []

@@ -33,18 +33,12 @@ stage's theta:
                               and the gradient (computed in the pass) times
                               d loss
 
-The functions are marked `_noinline`: the runtime runs each call as one
-function instead of pasting S x M copies of the layers back into the
-graph, so start-up does not grow with M either. Each call op is created
-with `_disable_call_shape_inference`: TensorFlow would otherwise infer
-the shapes of every op of the called body again at each call, while
-tracing and again when the runtime builds the graph; the outputs' shapes
-are the body's, set from its signature all the same. The gradient is
-added to the running sum inside the backward call, where the sum takes
-the fresh gradient's buffer: a separate addition would hold a third copy
-of the stage's parameters (docs/DESIGN.md section 26). The first sum
-starts from zeros, so every backward call is the same function, and 0 +
-g is g. Backward_s traces the cell under `NoStatUpdates`, so statistics
+The functions are `stage_function.OnDevice`s. The gradient is added to
+the running sum inside the backward call, where the sum takes the fresh
+gradient's buffer: a separate addition would hold a third copy of the
+stage's parameters (docs/DESIGN.md section 26). The first sum starts
+from zeros, so every backward call is the same function, and 0 + g is g.
+Backward_s traces the cell under `NoStatUpdates`, so statistics
 (BatchNorm) are accumulated once per micro-batch.
 
 With a hand-off dtype (the layer's fprop_dtype, e.g. bfloat16), every
@@ -56,55 +50,25 @@ gradient sums stay in the variables' dtype (docs/DESIGN.md section 32).
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
-from typing import Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
-# get_default_graph: the graph a stage call creates its call op in.
-# pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.framework import ops
-# pylint: enable=g-direct-tensorflow-import
 
 from lingvo_pipe.core import all_reduce
 from lingvo_pipe.core import backward_split
+from lingvo_pipe.core import hand_offs
 from lingvo_pipe.core import input_gradient
+from lingvo_pipe.core import micro_batches
 from lingvo_pipe.core import pipeline_engine
 from lingvo_pipe.core import pipeline_loss
 from lingvo_pipe.core import residuals
 from lingvo_pipe.core import schedule
+from lingvo_pipe.core import stage_function
 from lingvo_pipe.core import stamps
 from lingvo_pipe.core.nested_map import NestedMap
 
 Leaves = List[Optional[tf.Tensor]]
 Head = pipeline_loss.Head
-
-# Function attributes of every stage function (see module docstring).
-_FUNCTION_ATTRIBUTES = {'_noinline': True}
-
-
-def ShareCallBodies() -> None:
-  """Stops Grappler from copying a stage function for each call.
-
-  Grappler's function optimizer specialises a non-inlined call to its call
-  site (when an input is a constant or an output goes unused), and calls
-  that differ get their own copy of the body, each instantiated and
-  optimised on the first step: start-up then grows with M again
-  (docs/DESIGN.md section 2). This turns that optimizer off for the
-  process; the runtime still inlines every ordinary (not `_noinline`)
-  function call. `devices.SplitCpu`, `cluster.Connect` and the trainer
-  call it; call it yourself before the first step of your own loop.
-  """
-  tf.config.optimizer.set_experimental_options(
-      {'function_optimization': False})
-
-
-def CallBodiesShared() -> bool:
-  """Whether `ShareCallBodies` is in force."""
-  return tf.config.optimizer.get_experimental_options().get(
-      'function_optimization') is False
 
 
 def _FirstLine(err: Exception) -> str:
@@ -116,122 +80,8 @@ def _Shapes(structure: Any) -> str:
   return str(tf.nest.map_structure(lambda t: t.shape.as_list(), structure))
 
 
-class _StageFunction:
-  """A non-inlined tf.function, called through its concrete functions.
-
-  A stage's function is called once per action, S x M times per trace;
-  the tf.function's own dispatch (argument types, cache lookup) took
-  about half of the tracing time, so each pattern of None arguments is
-  looked up once and its ConcreteFunction called directly.
-  """
-
-  def __init__(self, fn: Any):
-    self._fn = fn
-    self._concrete: Dict[Tuple[bool, ...], Any] = {}
-
-  def get_concrete_function(self, *args: Any) -> Any:  # pylint: disable=invalid-name
-    key = tuple(x is None for x in tf.nest.flatten(args))
-    if key not in self._concrete:
-      self._concrete[key] = self._fn.get_concrete_function(*args)
-    return self._concrete[key]
-
-  def __call__(self, *args: Any) -> Any:
-    concrete = self.get_concrete_function(*args)
-    if tf.executing_eagerly():
-      return concrete(*args)
-    with _WithoutBodyShapes(ops.get_default_graph()):
-      return concrete(*args)
-
-
-_NO_BODY_SHAPES = '_disable_call_shape_inference'
-
-
-@contextlib.contextmanager
-def _WithoutBodyShapes(graph: Any) -> Iterator[None]:
-  """Within it, the call ops `graph` creates carry `_NO_BODY_SHAPES`.
-
-  TensorFlow infers a call op's output shapes by running shape inference
-  over every op of the called body, at each call, while tracing and again
-  when the runtime converts the traced graph on the first step: a tenth
-  of the time to the first step at K=8 M=32 (docs/DESIGN.md section 2).
-  The attribute must be on the op when it is created, before that
-  inference runs, and TensorFlow's call (kept whole: tapes, gradients,
-  output shapes from the body's signature) takes no extra attributes; so
-  for the length of one stage call, `create_op` of `graph`'s class adds
-  it to call ops of `graph` alone. One thread at a time (`_CREATE_LOCK`);
-  the class's own method is back on exit.
-  """
-  cls = type(graph)
-  with _CREATE_LOCK:
-    before = cls.__dict__.get('create_op')
-    create = cls.create_op
-
-    def CreateOp(this, op_type, *args, **kwargs):
-      if (this is graph and op_type in _CALLS
-          and kwargs.get('attrs') is not None):
-        kwargs['attrs'] = dict(kwargs['attrs'], **{
-            _NO_BODY_SHAPES: attr_value_pb2.AttrValue(b=True)})
-      return create(this, op_type, *args, **kwargs)
-
-    cls.create_op = CreateOp
-    try:
-      yield
-    finally:
-      if before is None:
-        del cls.create_op
-      else:
-        cls.create_op = before
-
-
-_CREATE_LOCK = threading.RLock()
-
-
-def _OnDevice(fn: Callable[..., Any], device: str) -> _StageFunction:
-  """`fn` as a non-inlined tf.function whose every op is on `device`."""
-
-  def Body(*args):
-    with tf.device(device):
-      return fn(*args)
-
-  Body.__name__ = fn.__name__
-  return _StageFunction(tf.function(
-      Body, autograph=False, experimental_attributes=_FUNCTION_ATTRIBUTES))
-
-
-def CastFloats(leaves: Sequence[Optional[tf.Tensor]],
-               dtype: Optional[tf.DType]) -> Leaves:
-  """Floating leaves in `dtype` (the pipeline's hand_off_dtype); others,
-  and every leaf when `dtype` is None, as they are."""
-  if dtype is None:
-    return list(leaves)
-  return [tf.cast(t, dtype) if t is not None and t.dtype.is_floating
-          else t for t in leaves]
-
-
 def _Floats(leaves: Sequence[Optional[tf.Tensor]]) -> List[tf.Tensor]:
   return [t for t in leaves if t is not None and residuals.IsFloat(t)]
-
-
-def _Split(leaves: Leaves, num: int, axis: int, device: str
-           ) -> Dict[int, Leaves]:
-  """[leaf] -> {micro-batch: [leaf]}; a None leaf stays None, a scalar
-  goes whole to every micro-batch."""
-  with tf.device(device), tf.name_scope('split'):
-    parts = [[x] * num if x is None or not x.shape.rank else
-             tf.split(x, num, axis=axis) for x in leaves]
-  return {m: [p[m] for p in parts] for m in range(num)}
-
-
-def _Concat(per_micro: Dict[int, Leaves], axis: int, device: str) -> Leaves:
-  """{micro-batch: [leaf]} -> [leaf], None where a leaf has no values."""
-  out = []
-  rows = [per_micro[m] for m in sorted(per_micro)]
-  with tf.device(device), tf.name_scope('concat'):
-    for i in range(len(rows[0])):
-      column = [row[i] for row in rows]
-      out.append(None if any(c is None for c in column) else
-                 tf.concat(column, axis=axis))
-  return out
 
 
 class PipelineRun:
@@ -265,9 +115,9 @@ class PipelineRun:
     self._acc: List[Optional[Leaves]] = [None] * self._s
     self._engine = pipeline_engine.Engine(
         self, devices, self._stage_devices, layer.path, self._CheckBatch)
-    self._forward_fns = [_OnDevice(self._ForwardFn(s), d)
+    self._forward_fns = [stage_function.OnDevice(self._ForwardFn(s), d)
                          for s, d in enumerate(self._devices)]
-    self._backward_fns = [_OnDevice(self._BackwardFn(s, d), d)
+    self._backward_fns = [stage_function.OnDevice(self._BackwardFn(s, d), d)
                           for s, d in enumerate(self._devices)]
     # Stage 0 without its input gradient, and that gradient alone
     # (input_gradient.py); made only when the rule says so.
@@ -275,7 +125,7 @@ class PipelineRun:
     self._input_gradient_fn: Optional[Callable[..., Any]] = None
     self._split_cells = {
         s: residuals.SplitCell(f'cell_{s}', self._ForwardFn(s),
-                               lambda fn, d=d: _OnDevice(fn, d))
+                               lambda fn, d=d: stage_function.OnDevice(fn, d))
         for s, d in enumerate(self._devices)
         if layer.KeepsActivations(s)}
     # Tables that split backwards (W actions): each stage's B and W, and
@@ -363,7 +213,8 @@ class PipelineRun:
           f"('cell_{s}') cannot take {source} of shapes {_Shapes(inputs)}: "
           f'{_FirstLine(err)}') from err
     self._structures[s + 1] = out
-    return CastFloats(tf.nest.flatten(out), self._layer.hand_off_dtype)
+    return hand_offs.CastFloats(tf.nest.flatten(out),
+                                self._layer.hand_off_dtype)
 
   def _CheckBatch(self, s: int, m: int, x: Leaves, y: Leaves) -> None:
     want = x[0].shape[self._axis]
@@ -378,11 +229,12 @@ class PipelineRun:
   def _PrepareInputGradient(self, leaves: Leaves) -> None:
     if input_gradient.Separate(0 in self._split_cells, leaves):
       device = self._devices[0]
-      self._backward_0_no_dx = _OnDevice(
+      self._backward_0_no_dx = stage_function.OnDevice(
           self._BackwardFn(0, device, input_gradient=False), device)
-      self._input_gradient_fn = _OnDevice(input_gradient.InputGradientBody(
-          lambda t, x: self._Cell(0, t, x), self._cells[0].NoStatUpdates),
-                                          device)
+      self._input_gradient_fn = stage_function.OnDevice(
+          input_gradient.InputGradientBody(
+              lambda t, x: self._Cell(0, t, x), self._cells[0].NoStatUpdates),
+          device)
 
   # ---- StageOps: what each action computes --------------------------------
 
@@ -506,7 +358,8 @@ class PipelineRun:
           'set p.recompute.')
     self._halves = {
         s: backward_split.BackwardSplit(
-            cell, f'cell_{s}', lambda fn, d=self._devices[s]: _OnDevice(fn, d))
+            cell, f'cell_{s}',
+            lambda fn, d=self._devices[s]: stage_function.OnDevice(fn, d))
         for s, cell in self._split_cells.items()}
 
   # ---- the differentiable FProp -------------------------------------------
@@ -525,11 +378,12 @@ class PipelineRun:
     def Run(*args):
       args = _Cut(args, devices)
       self._SetTheta(_Unflatten(list(args[num_in:]), sizes))
-      flow = pipeline_engine.Flow(inputs=_Split(
+      flow = pipeline_engine.Flow(inputs=micro_batches.Split(
           list(args[:num_in]), self._m, self._axis, self._devices[0]))
       self._engine.Run(table.Only('F'), flow)
       self._out_structure = self._structures[self._s]
-      outputs = _Concat(flow.outputs, self._axis, self._devices[-1])
+      outputs = micro_batches.Concat(flow.outputs, self._axis,
+                                     self._devices[-1])
 
       def Grad(*dys):
         # An output without a gradient (None) stays None: it contributes
@@ -537,11 +391,12 @@ class PipelineRun:
         # specialises every call of the last stage's backward for.
         dys = [dy if residuals.IsFloat(y) else None
                for dy, y in zip(dys, outputs)]
-        back = pipeline_engine.Flow(output_grads=_Split(
+        back = pipeline_engine.Flow(output_grads=micro_batches.Split(
             dys, self._m, self._axis, self._devices[-1]))
         self._engine.Run(self._WithAllReduce(table.Only('B'), 'fprop'),
                          back)
-        dxs = _Concat(back.input_grads, self._axis, self._devices[0])
+        dxs = micro_batches.Concat(back.input_grads, self._axis,
+                                   self._devices[0])
         return dxs + [g for part in self._acc for g in part]
 
       return outputs, Grad
@@ -572,8 +427,9 @@ class PipelineRun:
     side = [tf.convert_to_tensor(t) for t in tf.nest.flatten(batch)]
     self._loss = pipeline_loss.LossHead(
         f"PipeliningLayer '{self._layer.path}'", head, head_theta,
-        _Split(side, self._m, self._axis, last), batch, total_weight, last,
-        lambda fn: _OnDevice(fn, last),
+        micro_batches.Split(side, self._m, self._axis, last), batch,
+        total_weight, last,
+        lambda fn: stage_function.OnDevice(fn, last),
         total_weight if normaliser is None else normaliser)
     num_in, num_head = len(leaves), len(self._loss.theta_leaves)
     sizes = [len(t) for t in self._theta_leaves]
@@ -587,12 +443,12 @@ class PipelineRun:
       self._SetTheta(_Unflatten(list(args[num_in:len(args) - num_head]),
                                 sizes))
       self._head_theta = list(args[len(args) - num_head:])
-      flow = pipeline_engine.Flow(inputs=_Split(
+      flow = pipeline_engine.Flow(inputs=micro_batches.Split(
           list(args[:num_in]), self._m, self._axis, self._devices[0]))
       self._engine.Run(self._WithAllReduce(table, 'train'), flow,
                        with_loss=True)
       loss, metrics = self._loss.Combine(self._m)
-      dxs = _Concat(flow.input_grads, self._axis, self._devices[0])
+      dxs = micro_batches.Concat(flow.input_grads, self._axis, self._devices[0])
 
       def Grad(dloss, *unused_metric_grads, variables=None):
         if variables:
@@ -616,14 +472,11 @@ class PipelineRun:
 
 def _Cut(args: Sequence[Any], devices: Sequence[str]) -> List[Any]:
   """Eagerly, each argument of a pipeline's custom gradient cut from the
-  caller's tapes (tf.stop_gradient, on the device that reads it).
-
-  `tf.custom_gradient` lets the tapes record every op its function makes.
-  Eagerly, a tape that sees a stage function called on a tensor it
-  watches builds that function's forward and backward functions at once;
-  Run's gradient is its own Grad, so that work (about 40% of an eager
-  pipeline call) is never used. In a graph TensorFlow defers it until
-  something asks for that gradient, which nothing does: no ops added.
+  caller's tapes (tf.stop_gradient, on the device that reads it):
+  `tf.custom_gradient` lets the tapes record its function's ops, and a
+  tape that sees a stage function called on a tensor it watches builds
+  that function's forward and backward functions at once, which Run's
+  own Grad never uses. Traced, TensorFlow defers that work: no ops added.
   """
   if not tf.executing_eagerly():
     return list(args)
@@ -644,43 +497,6 @@ def _Scaled(grad: Optional[tf.Tensor], dloss: tf.Tensor,
     return None
   with tf.device(device):
     return grad * tf.cast(dloss, grad.dtype)
-
-
-_CALLS = ('PartitionedCall', 'StatefulPartitionedCall')
-
-
-class HandOff(NamedTuple):
-  """A tensor a stage function's call on device `src` sends to one on
-  `dst` (canonical device names)."""
-  tensor: tf.Tensor
-  src: str
-  dst: str
-
-
-def CanonicalDevice(name: str) -> str:
-  return tf.DeviceSpec.from_string(name).to_string()
-
-
-def HandOffs(graph: Any, devices: Sequence[str]) -> List[HandOff]:
-  """The tensors pipeline stages hand each other in a traced `graph`.
-
-  Every output of a stage function's call on one of `devices` that a call
-  on another of them reads: activations forward, their gradients back.
-  Each counts once per receiving device, as the runtime sends it (a
-  re-computing backward reads its forward's input again). Variables'
-  gradients and other ops are left out.
-  """
-  names = {CanonicalDevice(d) for d in devices}
-  found: Dict[Tuple[str, str], HandOff] = {}
-  for op in graph.get_operations():
-    dst = CanonicalDevice(op.device)
-    if op.type not in _CALLS or dst not in names:
-      continue
-    for t in op.inputs:
-      src = CanonicalDevice(t.op.device)
-      if t.op.type in _CALLS and src in names and src != dst:
-        found.setdefault((t.name, dst), HandOff(t, src, dst))
-  return list(found.values())
 
 
 def _Unflatten(flat: List[tf.Tensor], sizes: Sequence[int]

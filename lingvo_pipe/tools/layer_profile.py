@@ -203,7 +203,7 @@ def _Current(allocator: Optional[str]) -> Optional[int]:
 
 def _StageFunction(fn: Callable[..., Any]) -> Any:
   """`fn` as the pipeline makes a stage's function: a tf.function that the
-  graph calling it does not inline (pipeline_run._OnDevice)."""
+  graph calling it does not inline (stage_function.OnDevice)."""
   return tf.function(fn, autograph=False,
                      experimental_attributes={'_noinline': True})
 

@@ -5,7 +5,7 @@ op of their graphs); batch norm's accumulators and moving averages are
 those of the same inputs in float32, bitwise; softmax cross-entropy of
 bfloat16 logits is float32. A pipeline (K=2, M=2, one pass): with
 fprop_dtype bfloat16 every tensor its partitions hand each other in the
-traced step (pipeline_run.HandOffs) is bfloat16, forward and back, half
+traced step (hand_offs.HandOffs) is bfloat16, forward and back, half
 float32's bytes; the loss and every gradient are float32. Without it the
 hand-offs are float32 and the step has no Cast at all. A whole bfloat16
 model's state and hand-offs: tests/tasks/mt/mt_bfloat16_test.py.
@@ -23,7 +23,7 @@ from lingvo_pipe.core import base_layer  # noqa: E402
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
 from lingvo_pipe.core import normalization  # noqa: E402
-from lingvo_pipe.core import pipeline_run  # noqa: E402
+from lingvo_pipe.core import hand_offs  # noqa: E402
 from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
 
 _BF16 = tf.bfloat16
@@ -134,7 +134,7 @@ class PipelineTest(tf.test.TestCase):
 
   def testBfloat16HandOffsFloat32Gradients(self):
     (fn, _), x, pipe = self._Step(_BF16)
-    found = pipeline_run.HandOffs(fn.graph, pipe.devices)
+    found = hand_offs.HandOffs(fn.graph, pipe.devices)
     self.assertEqual({_BF16}, {h.tensor.dtype for h in found})
     self.assertLen({(h.src, h.dst) for h in found}, 2)  # forward and back
     # Each micro-batch's [2, 8] activation forward and its gradient back:
@@ -142,7 +142,7 @@ class PipelineTest(tf.test.TestCase):
     (fn32, _), _, pipe32 = self._Step(None)
     self.assertEqual(2 * 2 * (2 * 8) * 2, _Bytes(found))
     self.assertEqual(2 * _Bytes(found), _Bytes(
-        pipeline_run.HandOffs(fn32.graph, pipe32.devices)))
+        hand_offs.HandOffs(fn32.graph, pipe32.devices)))
     loss, grads = fn(x)
     self.assertEqual(tf.float32, loss.dtype)
     for grad in grads:
@@ -152,7 +152,7 @@ class PipelineTest(tf.test.TestCase):
 
   def testFloat32HandOffsAreFloat32(self):
     (fn, ops), _, pipe = self._Step(None)
-    found = pipeline_run.HandOffs(fn.graph, pipe.devices)
+    found = hand_offs.HandOffs(fn.graph, pipe.devices)
     self.assertEqual({tf.float32}, {h.tensor.dtype for h in found})
     self.assertEmpty([op for op in ops if op.type == 'Cast'])
 

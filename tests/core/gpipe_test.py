@@ -26,7 +26,7 @@ from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import input_gradient  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
 from lingvo_pipe.core import normalization  # noqa: E402
-from lingvo_pipe.core import pipeline_run  # noqa: E402
+from lingvo_pipe.core import stage_function  # noqa: E402
 from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
 from tests.core import pipeline_testlib as lib  # noqa: E402
 
@@ -321,7 +321,7 @@ class CountAndPlacementTest(tf.test.TestCase, parameterized.TestCase):
       return (len(graph.get_operations()), sum(len(f.node_def)
                                                for f in library), calls)
 
-    self.assertTrue(pipeline_run.CallBodiesShared())  # by SplitCpu
+    self.assertTrue(stage_function.CallBodiesShared())  # by SplitCpu
     ops_2, body_2, calls_2 = Count(2)
     ops_8, body_8, calls_8 = Count(8)
     # One body per partition function, not one per micro-batch (the

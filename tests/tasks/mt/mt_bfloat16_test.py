@@ -3,7 +3,7 @@
 A tiny TransformerMT (mt.synthetic.TransformerTinyGPipe's recipe, K=2,
 M=2) with task.fprop_dtype bfloat16 has it on every layer; its variables
 and Adam's slots are float32; every floating tensor its partitions hand
-each other in a traced training step (pipeline_run.HandOffs), forward and
+each other in a traced training step (hand_offs.HandOffs), forward and
 back, is bfloat16 (the int64 example keys ride along), and so in
 evaluation; the loss, the metrics and the gradient norm are float32. The
 same task in float32 hands off float32 and casts nothing to bfloat16.
@@ -30,7 +30,7 @@ from lingvo_pipe.core import devices
 
 devices.SplitCpu(4)
 
-from lingvo_pipe.core import pipeline_run  # noqa: E402
+from lingvo_pipe.core import hand_offs  # noqa: E402
 from lingvo_pipe.tasks.mt import synthetic_multilingual  # noqa: E402
 from lingvo_pipe.tasks.mt import synthetic_translation  # noqa: E402
 from params.mt import synthetic  # noqa: E402
@@ -110,7 +110,7 @@ class StateAndHandOffsTest(tf.test.TestCase):
   def _HandOffs(self, task, step):
     concrete = tf.function(step, autograph=False).get_concrete_function(
         self._batch)
-    found = pipeline_run.HandOffs(concrete.graph, task.stack.devices)
+    found = hand_offs.HandOffs(concrete.graph, task.stack.devices)
     directions = {(h.src, h.dst) for h in found}
     self.assertLen(directions, 2 if step == task.TrainStep else 1)
     return {h.tensor.dtype for h in found}
