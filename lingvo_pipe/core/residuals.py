@@ -93,7 +93,8 @@ class SplitCell:
 
   `cell(theta_leaves, x) -> y leaves` is traced in the current graph;
   `wrap(fn)` turns a Python function into the tf.function to run (the
-  pipeline's `_OnDevice`: non-inlined, on the partition's device).
+  pipeline's `stage_function.OnDevice`: non-inlined, on the partition's
+  device).
   """
 
   def __init__(self, name: str, cell: Callable[..., List[tf.Tensor]],
