@@ -481,7 +481,7 @@ def _Cut(args: Sequence[Any], devices: Sequence[str]) -> List[Any]:
   if not tf.executing_eagerly():
     return list(args)
   out = []
-  for x, device in zip(args, devices):
+  for x, device in zip(args, devices, strict=True):
     if x is None or x.dtype in (tf.resource, tf.variant):
       out.append(x)
       continue
