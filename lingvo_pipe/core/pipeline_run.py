@@ -362,6 +362,12 @@ class PipelineRun:
             lambda fn, d=self._devices[s]: stage_function.OnDevice(fn, d))
         for s, cell in self._split_cells.items()}
 
+  def _ArgDevices(self, num_in: int, sizes: Sequence[int]) -> List[str]:
+    """The device of each argument of Call's and Train's Run: `num_in`
+    inputs on stage 0's, then each stage's `sizes[s]` theta leaves on its."""
+    return [self._devices[0]] * num_in + [
+        self._devices[s] for s, n in enumerate(sizes) for _ in range(n)]
+
   # ---- the differentiable FProp -------------------------------------------
 
   def Call(self, leaves: Leaves, table: schedule.Schedule) -> Any:
@@ -370,9 +376,7 @@ class PipelineRun:
     num_in = len(leaves)
     sizes = [len(t) for t in self._theta_leaves]
 
-    devices = ([self._devices[0]] * num_in +
-               [self._devices[s] for s, n in enumerate(sizes)
-                for _ in range(n)])
+    devices = self._ArgDevices(num_in, sizes)
 
     @tf.custom_gradient
     def Run(*args):
@@ -433,9 +437,7 @@ class PipelineRun:
         total_weight if normaliser is None else normaliser)
     num_in, num_head = len(leaves), len(self._loss.theta_leaves)
     sizes = [len(t) for t in self._theta_leaves]
-    devices = ([self._devices[0]] * num_in +
-               [self._devices[s] for s, n in enumerate(sizes)
-                for _ in range(n)] + [last] * num_head)
+    devices = self._ArgDevices(num_in, sizes) + [last] * num_head
 
     @tf.custom_gradient
     def Run(*args):
