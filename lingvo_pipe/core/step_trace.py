@@ -167,19 +167,42 @@ class StepTrace:
     return [b / max(end - begin, 1e-12) for b in busy.values()]
 
   def ExposedAllReduce(self, layer: str) -> List[float]:
-    """Per device (as Devices): seconds its last all-reduce ended after its
-    last backward (or W) ended: the exchange its backwards did not hide,
-    waiting for a slower replica's part included. 0 without replicas, or
-    when the sums were in before the backward's end was stamped. With
-    several stages on a device, an all-reduce that ends while the device
-    still runs an earlier stage's backwards is hidden by them and counts
-    only where it runs past the last one."""
+    """Per device (as Devices): seconds its last all-reduce ran past both
+    its own last backward (or W) and the moment every replica's part of
+    that sum was ready (the stage's last backward on any replica): the
+    exchange no backward hid. Waiting for a slower replica's backward is
+    not counted here (ReplicaWait). 0 without replicas, or when the sums
+    were in before the backward's end was stamped. With several stages on
+    a device, an all-reduce that ends while the device still runs an
+    earlier stage's backwards is hidden by them."""
+    work, ready, sums = self._AllReduceTimes(layer)
+    return [max([0.0] + [end - max(work[d], ready.get(s, 0.0))
+                         for s, end in sums[d]]) for d in work]
+
+  def ReplicaWait(self, layer: str) -> List[float]:
+    """Per device (as Devices): seconds its sums waited, after its own last
+    backward, for a slower replica's backward of the same stage: the
+    replicas' imbalance, not the exchange."""
+    work, ready, sums = self._AllReduceTimes(layer)
+    return [max([0.0] + [min(end, ready.get(s, 0.0)) - work[d]
+                         for s, end in sums[d]]) for d in work]
+
+  def _AllReduceTimes(self, layer: str) -> Tuple[
+      Dict[str, float], Dict[int, float], Dict[str, List[Tuple[int, float]]]]:
+    """Per device its last backward's (or W's, or any work's) end; per stage
+    the last end of its backwards over every replica; per device its
+    all-reduces' (stage, end)."""
     work = {d: 0.0 for d in self.Devices(layer)}
-    sums = {d: 0.0 for d in work}
+    ready: Dict[int, float] = {}
+    sums: Dict[str, List[Tuple[int, float]]] = {d: [] for d in work}
     for t in self._Mine(layer):
-      ends = sums if t.phase == schedule.ALL_REDUCE else work
-      ends[t.device] = max(ends[t.device], t.end)
-    return [max(0.0, sums[d] - work[d]) for d in work]
+      if t.phase == schedule.ALL_REDUCE:
+        sums[t.device].append((t.partition, t.end))
+        continue
+      work[t.device] = max(work[t.device], t.end)
+      if t.phase != 'F':
+        ready[t.partition] = max(ready.get(t.partition, 0.0), t.end)
+    return work, ready, sums
 
   def Bubble(self, layer: str) -> float:
     """Measured idle fraction: 1 - mean busy fraction of its devices."""

@@ -9,6 +9,7 @@ one-pass training steps: 1F1B's stage k holds at most K-k micro-batches
 and the SVG hold every task.
 """
 
+import dataclasses
 import json
 import os
 from xml.etree import ElementTree
@@ -307,6 +308,33 @@ class StepTraceTest(parameterized.TestCase):
     no_sums = [t for t in tasks if t.phase != schedule.ALL_REDUCE]
     self.assertEqual(
         step_trace.StepTrace(no_sums, {}).ExposedAllReduce('net'), [0, 0])
+    # Both replicas' backwards ended together: nothing waited.
+    self.assertEqual(trace.ReplicaWait('net'), [0, 0])
+
+  def testWaitingForASlowerReplicasBackwardIsNotExposedExchange(self):
+    # Two replicas, K=1, one stage (ms). Replica 1's backward ends 10 ms
+    # after replica 0's; the sum ends 4 ms after that on replica 0 and 6
+    # ms after it on replica 1. Replica 0's 10 ms of waiting is the
+    # replicas' imbalance (ReplicaWait), not exchange.
+    def Task(device, phase, start, end):
+      return step_trace.MeasuredTask('net', device, phase, 0, 0,
+                                     start * 1e-3, end * 1e-3)
+    tasks = []
+    for device, (backward_end, sum_end) in (('/r0', (30, 44)),
+                                            ('/r1', (40, 46))):
+      tasks += [Task(device, 'F', 0, 10), Task(device, 'B', 10, backward_end),
+                Task(device, schedule.ALL_REDUCE, backward_end, sum_end)]
+    trace = step_trace.StepTrace(tasks, {})
+    np.testing.assert_allclose(trace.ExposedAllReduce('net'),
+                               [4e-3, 6e-3], rtol=1e-9)
+    np.testing.assert_allclose(trace.ReplicaWait('net'), [10e-3, 0],
+                               rtol=1e-9, atol=1e-15)
+    # A split backward's W is the stage's last gradient work.
+    split = [t if t.phase != 'B' else dataclasses.replace(t, phase='W')
+             for t in tasks]
+    np.testing.assert_allclose(
+        step_trace.StepTrace(split, {}).ExposedAllReduce('net'),
+        [4e-3, 6e-3], rtol=1e-9)
 
   def testMeasuresWithOpDeterminismOnAndLeavesItOn(self):
     layer = _Layer('always')
