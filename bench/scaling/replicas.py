@@ -21,9 +21,11 @@ size (batch / 8):
   nothing exchanged: the ceiling of any data parallelism on these cores
 
 then steps of both R=2 K=1 M=8 configurations measured by `step_trace`
-(runtime timestamps): how long the last all-reduce ran after the last
-backward on each worker, the exchange the backwards did not hide, as a
-share of the step (the worst worker).
+(runtime timestamps): how long the last all-reduce ran after both the
+worker's own last backward and the last replica's backward of its stage
+(when every part of the sum existed), the exchange the backwards did not
+hide, as a share of the step (the worst worker); and, apart, how long a
+worker's sums waited for the slower replica's backward (imbalance).
 
 Part 2, four workers, tasks 0, 2 on core 0 and 1, 3 on core 1 (bytes, not
 time): the bytes each worker sends per training step, from its TCP
@@ -33,14 +35,16 @@ read on task 0 and used on task r, a gradient of the same size sent back
 and added on task 0, for r = 1 .. R-1).
 
 Part 3, the two pinned workers again: the cost of the exchange alone.
-Each worker holds a vector of the stack's P parameters (float32) and the
-two are summed, in 4 MiB slices, by (a) `all_reduce.Sum` (TensorFlow's
-CollectiveReduce, what a task trained through FProp runs) and by (b)
-`all_reduce.PlacedSum` (reduce-scatter and all-gather as placed ops,
-which the runtime moves with its graph Send/Recv: what one-pass training
-runs, the task here included). Per call, interleaved over
-rounds: wall time, each worker's CPU time and the bytes it sends; every
-copy's sums are checked equal to the exact total.
+Each worker holds a copy of the stack's variables (P parameters, float32)
+and the two are summed by (a) `all_reduce.Sum` (TensorFlow's
+CollectiveReduce in 4 MiB buckets, what a task trained through FProp
+runs) and by (b) `all_reduce.PlacedSum` (the leaves dealt out to the two
+workers, each summing its share and sending it back, as placed ops the
+runtime moves with its graph Send/Recv: what one-pass training runs, the
+task here included). Every copy's sums are first checked equal to the
+exact total; the timed calls read one element of each sum. Per call,
+interleaved over rounds: wall time, each worker's CPU time and the bytes
+it sends.
 
 Part 4, the planner (`tools/plan.py`) in a process pinned to core 0, as
 its README runs it, with --cores=0,1: its predicted step for each
@@ -262,13 +266,14 @@ def _TimeClient(args: argparse.Namespace, names: List[str],
   for label, seconds in first.items():
     out[label]['first'] = seconds
   for key, config in (('exposed', (2, 1, 8)), ('exposed_bucketed', BUCKETED)):
-    exposed = []
+    exposed, waits = [], []
     for _ in range(args.trace_repeats):
       trace = step_trace.MeasureStep(tasks[config], batch, warmup=1)
       begin, end = trace.Span('model/pipe')
       exposed.append(max(trace.ExposedAllReduce('model/pipe')) /
                      (end - begin))
-    out[key] = {'shares': exposed}
+      waits.append(max(trace.ReplicaWait('model/pipe')) / (end - begin))
+    out[key] = {'shares': exposed, 'waits': waits}
   return out
 
 
@@ -299,22 +304,19 @@ def _BytesClient(args: argparse.Namespace, names: List[str],
 
 def _ExchangeClient(args: argparse.Namespace, names: List[str],
                     pids: List[int]) -> Dict[str, dict]:
-  stack = stack_lib.Stack()
-  size = sum(v.shape.num_elements() for v in _Task(
-      stack, (1, 1, 1), names).vars.Flatten())
-  bucket = all_reduce.BUCKET_BYTES // 4
+  leaves = _Task(stack_lib.Stack(), (1, 1, 1), names).vars.Flatten()
   copies = []
   for r in range(2):
     with tf.device(names[r]):
-      copies.append(tf.Variable(tf.fill([size], float(r + 1))))
-  edges = list(range(0, size, bucket)) + [size]
+      copies.append([tf.Variable(tf.fill(v.shape, float(r + 1)))
+                     for v in leaves])
 
-  def Exchange(placed: bool):
+  def Exchange(placed: bool, check: bool):
     def Run():
       parts = []
-      for r, v in enumerate(copies):
+      for r, mine in enumerate(copies):
         with tf.device(names[r]):
-          parts.append([v[a:b] for a, b in zip(edges, edges[1:])])
+          parts.append([tf.identity(v) for v in mine])
       if placed:
         sums = all_reduce.PlacedSum(parts, names[:2])
       else:
@@ -322,24 +324,32 @@ def _ExchangeClient(args: argparse.Namespace, names: List[str],
                 for r in range(2)]
       out = []
       for r in range(2):
-        with tf.device(names[r]):  # every sum must be exactly 3
-          out.append(tf.reduce_all(tf.equal(tf.concat(sums[r], 0), 3.0)))
+        with tf.device(names[r]):
+          if check:  # every element of every copy's sums must be 3
+            out.append(tf.reduce_all(tf.stack(
+                [tf.reduce_all(tf.equal(t, 3.0)) for t in sums[r]])))
+          else:  # timed: one element of each sum, so that all are made
+            out.append(tf.reduce_all(tf.equal(tf.stack(
+                [tf.reshape(t, [-1])[0] for t in sums[r]]), 3.0)))
       return tf.reduce_all(tf.stack(out))
     return tf.function(Run, autograph=False)
 
-  runs = {'CollectiveReduce (all_reduce.Sum, FProp)': Exchange(False),
-          'placed ops (all_reduce.PlacedSum, one pass)': Exchange(True)}
+  runs = {'CollectiveReduce (all_reduce.Sum, FProp)': False,
+          'placed ops (all_reduce.PlacedSum, one pass)': True}
+  timed = {label: Exchange(placed, False) for label, placed in runs.items()}
   out = {label: {'times': [], 'worker_cpu': [], 'sent': [],
-                 'params_bytes': size * 4} for label in runs}
-  for label, run in runs.items():
+                 'params_bytes': sum(v.shape.num_elements() * 4
+                                     for v in leaves)} for label in runs}
+  for label, placed in runs.items():
+    if not Exchange(placed, True)().numpy():
+      raise SystemExit(f'{label}: a copy did not get the exact sum')
     for _ in range(args.warmup):
-      if not run().numpy():
-        raise SystemExit(f'{label}: a copy did not get the exact sum')
+      timed[label]().numpy()
   for label in stack_lib.Rotations(list(runs), args.rounds):
     cpu_before = [throughput.CpuSeconds(pid) for pid in pids]
     sent_before = SentBytes(pids)
     begin = time.perf_counter()
-    ok = runs[label]().numpy()
+    ok = timed[label]().numpy()
     out[label]['times'].append(time.perf_counter() - begin)
     sent = SentBytes(pids)
     out[label]['worker_cpu'].append(
@@ -479,17 +489,23 @@ def _TimeTable(res: Dict[str, dict]) -> str:
     of_ideal = base / two / 2
     shares = res[key]['shares']
     exposed = statistics.median(shares)
+    waits = res[key].get('waits')
     lines.append(
         f'{label}: {of_independent:.2f} of the independent models\' '
         f'throughput (target {TARGET_INDEPENDENT}: '
         f'{_Verdict(of_independent >= TARGET_INDEPENDENT)}), {of_ideal:.2f} '
         f'of the ideal 2x (target {TARGET_IDEAL}: '
         f'{_Verdict(of_ideal >= TARGET_IDEAL)}); exchange not hidden behind '
-        'the backward (step_trace: the last all-reduce\'s end after the last '
-        f'backward\'s on the worst worker, median of {len(shares)} steps): '
+        'the backward (step_trace: the last all-reduce\'s end after both '
+        'the worker\'s last backward and the last replica\'s backward of '
+        f'its stage, worst worker, median of {len(shares)} steps): '
         f'{exposed:.1%} of the step (' + ', '.join(f'{x:.1%}' for x in shares)
         + f'; target under {TARGET_EXPOSED:.0%}: '
-        f'{_Verdict(exposed < TARGET_EXPOSED)}).')
+        f'{_Verdict(exposed < TARGET_EXPOSED)})' + (
+            '' if waits is None else
+            '; a worker waiting for the slower replica\'s backward: '
+            f'{statistics.median(waits):.1%} (' +
+            ', '.join(f'{x:.1%}' for x in waits) + ')') + '.')
   lines.append(
       f'Through FProp (its sums by CollectiveReduce): '
       f'{base / collective / 2:.2f} of 2x, '
@@ -524,12 +540,13 @@ def _BytesTable(res: Dict[str, dict]) -> str:
 
 def _ExchangeTable(res: Dict[str, dict]) -> str:
   params = next(iter(res.values()))['params_bytes']
-  lines = [f'P = {params / 2**20:.1f} MiB of float32 on each worker, summed '
-           'in 4 MiB buckets; medians per call:', '',
+  lines = [f'P = {params / 2**20:.1f} MiB of float32 on each worker (the '
+           "stack's variables); wall and bytes medians per call, CPU means "
+           '(its clock ticks 10 ms):', '',
            '| exchange | wall ms | worker CPU ms (task 0, 1) | sent per '
            'worker, in P |', '|---|---|---|---|']
   for label, r in res.items():
-    cpu = [statistics.median(c[i] for c in r['worker_cpu']) * 1e3
+    cpu = [statistics.mean(c[i] for c in r['worker_cpu']) * 1e3
            for i in range(2)]
     sent = [statistics.median(s[i] for s in r['sent']) / params
             for i in range(2)]

@@ -5,24 +5,30 @@ of its variables on each replica's device k (`replicas.Mirrors`). After
 the stage's last backward on a device, its gradient sums are all-reduced
 over the R devices that hold the copies, and every copy gets the same
 sum (an A action of the schedule's table, `schedule.WithAllReduce`).
-Leaves go in buckets of about BUCKET_BYTES, one dtype each, each bucket
-flattened into one vector per copy. Each device sends 2 (R-1) / R of the
-stage's bytes, whatever R. Two ways (docs/DESIGN.md section 14):
+Each device sends 2 (R-1) / R of the stage's bytes, whatever R. Two ways
+(docs/DESIGN.md section 14):
 
-  PlacedSum   placed ops: chunk c of every copy's vector goes to device c
-              and is added there in replica order (reduce-scatter); every
-              device gathers the R sums (all-gather); the runtime moves
-              them with its graph Send/Recv. It needs every replica's
-              sums in one place of the trace: `Exchange` collects the
-              replicas' traces and builds the sums when the last arrives.
-              One-pass training (pipeline_run.PipelineRun.Train) reads
-              them in its gradient, after every replica is traced.
+  PlacedSum   placed ops: the leaves are dealt out to the R devices
+              (`Units`: whole leaves, small ones flattened together,
+              large ones cut in pieces, about a quarter of a device's
+              share at most, largest first to the least loaded device);
+              each device adds every copy's part of its units in replica
+              order (reduce-scatter) and every device takes the sums
+              (all-gather); the runtime moves them with its graph
+              Send/Recv. A whole leaf goes as it is: nothing flattened,
+              nothing copied. It needs every replica's sums in one place
+              of the trace: `Exchange` collects the replicas' traces and
+              builds the sums when the last arrives. One-pass training
+              (pipeline_run.PipelineRun.Train) reads them in its
+              gradient, after every replica is traced.
   Sum         TensorFlow's `CollectiveReduce` (ring; on GPUs the runtime
-              may pick NCCL): each replica's trace emits its own, matched
-              by keys (the group key names the set of devices, the
-              instance key the (pipeline, stage, bucket, call)). Through
-              FProp each replica's backward runs inside its own gradient
-              call, which cannot wait for the others': it uses this.
+              may pick NCCL) over buckets of about BUCKET_BYTES, one
+              dtype each, each flattened into one vector per copy: each
+              replica's trace emits its own, matched by keys (the group
+              key names the set of devices, the instance key the
+              (pipeline, stage, bucket, call)). Through FProp each
+              replica's backward runs inside its own gradient call,
+              which cannot wait for the others': it uses this.
 
 Measured on two pinned CPU workers (bench/scaling replicas, part 3), the
 same 24 MiB cost each worker 20-25 ms of CPU by placed ops and 40-50 ms
@@ -34,6 +40,7 @@ meet and time out), and the first version, `CollectiveReduce`, is used:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from typing import (Any, Callable, Dict, Hashable, List, Optional, Sequence,
@@ -128,40 +135,141 @@ def _Unflat(flat: tf.Tensor, shapes: Sequence[tf.TensorShape]
   return [tf.reshape(p, s) for p, s in zip(pieces, shapes)]
 
 
+# PlacedSum: a unit (what one device sums) holds at most 1 / UNIT_SHARES of
+# a device's share of the bytes, so that units fall evenly on the devices;
+# a leaf under SMALL_BYTES is flattened into one vector with its neighbours
+# of the same dtype (fewer transfers); pieces of a leaf start on ALIGN_BYTES
+# (TensorFlow then splits without copying).
+UNIT_SHARES = 4
+SMALL_BYTES = 64 << 10
+ALIGN_BYTES = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+  """What one device sums for everyone (PlacedSum): whole leaves (several
+  small ones as one vector), or elements [start, stop) of one flattened
+  leaf."""
+  owner: int
+  leaves: Tuple[int, ...]
+  nbytes: int
+  start: int = 0
+  stop: Optional[int] = None  # set for a piece of one leaf
+
+
+def Units(leaves: Sequence[Optional[tf.Tensor]], num_devices: int
+          ) -> List[Unit]:
+  """The leaves' sums dealt out to `num_devices` owners, by their shapes
+  and dtypes only (every replica's plan is the same): units in leaf order,
+  each given, largest first, to the owner with the fewest bytes so far."""
+  present = [(i, t) for i, t in enumerate(leaves) if t is not None]
+  sizes = {i: t.shape.num_elements() * t.dtype.size for i, t in present}
+  total = sum(sizes.values())
+  cap = max(total // (UNIT_SHARES * num_devices), ALIGN_BYTES)
+  small = min(SMALL_BYTES, cap)
+  made: List[Tuple[Tuple[int, ...], int, int, Optional[int]]] = []
+  group: List[int] = []
+  for i, t in present:
+    if group and (leaves[group[0]].dtype != t.dtype or sizes[i] >= small
+                  or sum(sizes[j] for j in group) >= cap):
+      made.append((tuple(group), sum(sizes[j] for j in group), 0, None))
+      group = []
+    if sizes[i] < small:
+      group.append(i)
+    elif sizes[i] <= cap:
+      made.append(((i,), sizes[i], 0, None))
+    else:
+      n = t.shape.num_elements()
+      step = max(ALIGN_BYTES // t.dtype.size, 1)
+      per = -(-n // -(-sizes[i] // cap))  # elements a piece, rounded up
+      per = -(-per // step) * step
+      for a in range(0, n, per):
+        b = min(a + per, n)
+        made.append(((i,), (b - a) * t.dtype.size, a, b))
+  if group:
+    made.append((tuple(group), sum(sizes[j] for j in group), 0, None))
+  load = [0] * num_devices
+  owners = [0] * len(made)
+  for u in sorted(range(len(made)), key=lambda u: -made[u][1]):
+    owners[u] = min(range(num_devices), key=lambda d: load[d])
+    load[owners[u]] += made[u][1]
+  return [Unit(owner, *unit) for owner, unit in zip(owners, made)]
+
+
 def PlacedSum(copies: Sequence[Sequence[Optional[tf.Tensor]]],
               devices: Sequence[str]) -> List[List[Optional[tf.Tensor]]]:
   """Each leaf summed over its R copies (copy r's leaves on devices[r]),
-  as placed ops: per bucket, chunk c of every copy goes to devices[c] and
-  is summed there in replica order (reduce-scatter), and every device
-  gathers the R sums (all-gather). Each device sends 2 (R-1) / R of the
-  bytes, as a ring does, in two steps; the runtime moves them with its
-  graph Send/Recv. Every copy's result holds the same bits."""
+  as placed ops: the leaves are dealt out in units (`Units`); the owner
+  of a unit receives every copy's part and adds them in replica order
+  (reduce-scatter), and every device takes the owners' sums (all-gather).
+  Each device sends about 2 (R-1) / R of the bytes, as a ring does, in two
+  steps; the runtime moves whole tensors with its graph Send/Recv, and a
+  leaf no larger than a unit is neither flattened nor copied. Every
+  copy's result holds the same bits."""
   r_count = len(copies)
   out = [list(leaves) for leaves in copies]
   if r_count == 1:
     return out
+  units = Units(copies[0], r_count)
   with tf.name_scope('all_reduce'):
-    for idx in Buckets(copies[0]):
-      shapes = [copies[0][i].shape for i in idx]
-      total = sum(s.num_elements() for s in shapes)
-      chunks = [total // r_count + (c < total % r_count)
-                for c in range(r_count)]
-      parts = []
-      for r, leaves in enumerate(copies):
-        with tf.device(devices[r]):
-          parts.append(tf.split(_Flat([leaves[i] for i in idx]), chunks))
-      sums = []
-      for c in range(r_count):
-        with tf.device(devices[c]):
-          acc = parts[0][c]
-          for r in range(1, r_count):
-            acc = acc + parts[r][c]
-          sums.append(acc)
-      for r in range(r_count):
-        with tf.device(devices[r]):
-          for i, piece in zip(idx, _Unflat(tf.concat(sums, 0), shapes)):
-            out[r][i] = piece
+    parts: List[List[tf.Tensor]] = []
+    for r, leaves in enumerate(copies):
+      with tf.device(devices[r]):
+        parts.append(_UnitParts(leaves, units))
+    sums = []
+    for u, unit in enumerate(units):
+      with tf.device(devices[unit.owner]):
+        acc = parts[0][u]
+        for r in range(1, r_count):
+          acc = acc + parts[r][u]
+        sums.append(acc)
+    for r in range(r_count):
+      with tf.device(devices[r]):
+        _FromUnits(sums, units, copies[0], out[r])
   return out
+
+
+def _UnitParts(leaves: Sequence[Optional[tf.Tensor]],
+               units: Sequence[Unit]) -> List[tf.Tensor]:
+  """One copy's tensor of each unit."""
+  pieces: Dict[int, List[tf.Tensor]] = {}
+  for unit in units:
+    if unit.stop is not None and unit.leaves[0] not in pieces:
+      i = unit.leaves[0]
+      sizes = [u.stop - u.start for u in units
+               if u.stop is not None and u.leaves[0] == i]
+      pieces[i] = tf.split(tf.reshape(leaves[i], [-1]), sizes)
+  taken = {i: 0 for i in pieces}
+  out = []
+  for unit in units:
+    if unit.stop is not None:
+      i = unit.leaves[0]
+      out.append(pieces[i][taken[i]])
+      taken[i] += 1
+    elif len(unit.leaves) == 1:
+      out.append(leaves[unit.leaves[0]])
+    else:
+      out.append(_Flat([leaves[i] for i in unit.leaves]))
+  return out
+
+
+def _FromUnits(sums: Sequence[tf.Tensor], units: Sequence[Unit],
+               shapes_of: Sequence[Optional[tf.Tensor]],
+               out: List[Optional[tf.Tensor]]) -> None:
+  """The units' sums back into `out`'s leaves, on the current device."""
+  pieces: Dict[int, List[tf.Tensor]] = {}
+  for total, unit in zip(sums, units):
+    if unit.stop is not None:
+      pieces.setdefault(unit.leaves[0], []).append(total)
+      continue
+    if len(unit.leaves) == 1:
+      out[unit.leaves[0]] = tf.identity(total)
+      continue
+    shapes = [shapes_of[i].shape for i in unit.leaves]
+    for i, piece in zip(unit.leaves, _Unflat(total, shapes)):
+      out[i] = piece
+  for i, parts in pieces.items():
+    out[i] = tf.reshape(tf.concat(parts, 0), shapes_of[i].shape)
 
 
 class Exchange:

@@ -30,12 +30,12 @@ Every boundary of a K-partition split is assumed to cost the same as the
 one measured (one host, one kind of link).
 
 Data parallelism's all-reduce is measured the same way,
-`what='all_reduce'` (MeasureAllReduce): a tensor of each size made on
-both devices and summed over them by `all_reduce.PlacedSum`, the
-exchange of one-pass training, against its twin that makes and reads
-them without summing. That is R=2, where each device sends its P bytes
-once in two messages; with R copies each device sends 2 (R-1) messages
-and 2 (R-1) / R P (AllReduceSeconds).
+`what='all_reduce'` (MeasureAllReduce): leaves of each total size (1 MiB
+each, as a layer's weights come) made on both devices and summed over
+them by `all_reduce.PlacedSum`, the exchange of one-pass training,
+against its twin that makes and reads them without summing. That is R=2,
+where each device sends P / 2 to the other's sums and gets P / 2 back;
+with R copies each device sends 2 (R-1) / R P (AllReduceSeconds).
 
   python -m lingvo_pipe.tools.transfer_profile --cores=0,1 [--what=all_reduce]
 """
@@ -55,6 +55,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 SIZES = (2**18, 2**21, 2**24)  # 256 KiB, 2 MiB, 16 MiB
 _BFC_ENV = 'TF_CPU_ALLOCATOR_USE_BFC'
+# MeasureAllReduce: float32 elements of each leaf (1 MiB).
+_AR_LEAF = 2**18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,29 +224,38 @@ def MeasureAllReduce(devices: Sequence[str], sizes: Sequence[int] = SIZES,
   from lingvo_pipe.core import all_reduce  # pylint: disable=g-import-not-at-top
   pair = list(devices)[:2]
 
+  # Per size, each device's copy of the leaves: float32 variables of at
+  # most 1 MiB, as a layer's weights come. Variables, not tensors made in
+  # the call: a made tensor's inputs could be moved instead of it.
+  copies = {}
+  for size in sizes:
+    lengths = [min(_AR_LEAF, size // 4 - a)
+               for a in range(0, size // 4, _AR_LEAF)]
+    copies[size] = []
+    for r, d in enumerate(pair):
+      with tf.device(d):
+        copies[size].append([tf.Variable(tf.fill([n], float(r + 1)))
+                             for n in lengths])
+
   def Fn(exchange: bool):
-    # The buckets need their shapes when traced: `size` is a Python int,
-    # one trace per size.
-    def Call(value, size):
+    # `size` is a Python int: one trace per size.
+    def Call(size):
       made = []
-      for d in pair:
+      for d, mine in zip(pair, copies[size]):
         with tf.device(d):
-          made.append(tf.fill([size // 4], value))  # float32 elements
+          made.append([tf.identity(v) for v in mine])
       if exchange:
-        made = [leaves[0] for leaves in all_reduce.PlacedSum(
-            [[x] for x in made], pair)]
+        made = all_reduce.PlacedSum(made, pair)
       totals = []
-      for x, d in zip(made, pair):
+      for leaves, d in zip(made, pair):
         with tf.device(d):
-          totals.append(tf.reduce_sum(x))
+          totals.append(tf.add_n([tf.reduce_sum(x) for x in leaves]))
       with tf.device(pair[0]):
         return tf.add_n(totals)
     return tf.function(Call, autograph=False)
 
   summed, alone = Fn(True), Fn(False)
-  value = tf.constant(1.0)
-  return Fit(_Points(lambda size: summed(value, size),
-                     lambda size: alone(value, size), sizes, num_runs),
+  return Fit(_Points(summed, alone, sizes, num_runs),
              between=f'all-reduce over {pair[0]} and {pair[1]}')
 
 

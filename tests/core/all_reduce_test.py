@@ -85,6 +85,67 @@ class AllReduceTest(tf.test.TestCase):
         self.assertEqual(got[r][i].numpy().tobytes(),
                          got[0][i].numpy().tobytes())
 
+  def testUnitsCoverEveryLeafOnceAndShareTheBytesEvenly(self):
+    # One large leaf (cut in aligned pieces), mid-sized ones (whole), small
+    # ones (grouped by dtype), a None.
+    leaves = ([tf.zeros([1000, 64])] + [tf.zeros([64, 64])] * 9 + [None]
+              + [tf.zeros([8])] * 5 + [tf.zeros([3], tf.float64)] * 2)
+    sizes = [0 if t is None else t.shape.num_elements() * t.dtype.size
+             for t in leaves]
+    for r_count in (2, 3, 4):
+      units = all_reduce.Units(leaves, r_count)
+      self.assertEqual(units, all_reduce.Units(leaves, r_count))
+      covered = {}
+      for unit in units:
+        self.assertLess(unit.owner, r_count)
+        if unit.stop is None:
+          for i in unit.leaves:
+            covered[i] = covered.get(i, 0) + sizes[i]
+          self.assertEqual(unit.nbytes, sum(sizes[i] for i in unit.leaves))
+          self.assertLen({leaves[i].dtype for i in unit.leaves}, 1)
+        else:
+          (i,) = unit.leaves
+          self.assertEqual(unit.start % 16, 0)  # 64 bytes of float32
+          covered[i] = covered.get(i, 0) + unit.nbytes
+      self.assertEqual(covered, {i: n for i, n in enumerate(sizes) if n})
+      pieces = [u for u in units if u.stop is not None]
+      self.assertGreater(len(pieces), r_count)  # the large leaf is cut
+      self.assertEqual(sorted((u.start, u.stop) for u in pieces),
+                       [(u.start, u.stop) for u in pieces])
+      self.assertEqual(pieces[-1].stop, 64000)
+      loads = [sum(u.nbytes for u in units if u.owner == d)
+               for d in range(r_count)]
+      # Largest first to the least loaded: no owner is over its share by
+      # more than the largest unit.
+      self.assertLessEqual(max(loads) - sum(loads) / r_count,
+                           max(u.nbytes for u in units))
+      self.assertLess(max(loads) / (sum(loads) / r_count), 1.1)
+
+  def testPlacedOpsSumLeavesCutInPiecesAndWholeExactly(self):
+    cpus = devices.SplitCpu(3)
+    rng = np.random.default_rng(2)
+    shapes = ([1000, 33], [64, 64], [5], [64, 64])
+    values = [[rng.normal(size=shape).astype(np.float32)
+               for shape in shapes] for _ in cpus]
+
+    @tf.function(autograph=False)
+    def Step():
+      copies = []
+      for device, mine in zip(cpus, values):
+        with tf.device(device):
+          copies.append([tf.constant(v) for v in mine])
+      return all_reduce.PlacedSum(copies, cpus)
+
+    units = all_reduce.Units([tf.zeros(s) for s in shapes], 3)
+    self.assertTrue(any(u.stop is not None for u in units))
+    self.assertTrue(any(u.stop is None for u in units))
+    got = Step()
+    for i in range(len(shapes)):
+      want = (values[0][i] + values[1][i]) + values[2][i]
+      for r in range(3):
+        self.assertEqual(got[r][i].shape, shapes[i])
+        self.assertEqual(got[r][i].numpy().tobytes(), want.tobytes())
+
   def testAnExchangeSumsWhenItsLastReplicaArrives(self):
     cpus = devices.SplitCpu(3)[:2]
     done = {}
