@@ -30,10 +30,10 @@ Every boundary of a K-partition split is assumed to cost the same as the
 one measured (one host, one kind of link).
 
 Data parallelism's all-reduce is measured the same way,
-`what='all_reduce'` (MeasureAllReduce): leaves of each total size (1 MiB
-each, as a layer's weights come) made on both devices and summed over
-them by `all_reduce.PlacedSum`, the exchange of one-pass training,
-against its twin that makes and reads them without summing. That is R=2,
+`what='all_reduce'` (MeasureAllReduce): variables of each total size (in
+leaves of 1 MiB, as a layer's weights come) held on both devices and
+summed over them by `all_reduce.PlacedSum`, the exchange of one-pass
+training, against its twin that reads them without summing. That is R=2,
 where each device sends P / 2 to the other's sums and gets P / 2 back;
 with R copies each device sends 2 (R-1) / R P (AllReduceSeconds).
 
@@ -218,15 +218,15 @@ def _Points(measured: Callable[[int], Any], twin: Callable[[int], Any],
 
 def MeasureAllReduce(devices: Sequence[str], sizes: Sequence[int] = SIZES,
                      num_runs: int = 7) -> TransferCost:
-  """What summing a tensor of each size over two devices costs, both
-  copies getting the sum (module docstring), in this process."""
+  """What summing variables of each total size over two devices costs,
+  both copies getting the sums (module docstring), in this process."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import all_reduce  # pylint: disable=g-import-not-at-top
   pair = list(devices)[:2]
 
   # Per size, each device's copy of the leaves: float32 variables of at
-  # most 1 MiB, as a layer's weights come. Variables, not tensors made in
-  # the call: a made tensor's inputs could be moved instead of it.
+  # most 1 MiB, as a layer's weights come. Not tensors filled inside the
+  # call: summed as whole leaves, those measured almost nothing.
   copies = {}
   for size in sizes:
     lengths = [min(_AR_LEAF, size // 4 - a)
