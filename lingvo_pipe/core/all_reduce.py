@@ -170,13 +170,15 @@ def Units(leaves: Sequence[Optional[tf.Tensor]], num_devices: int
   small = min(SMALL_BYTES, cap)
   made: List[Tuple[Tuple[int, ...], int, int, Optional[int]]] = []
   group: List[int] = []
+  group_bytes = 0
   for i, t in present:
     if group and (leaves[group[0]].dtype != t.dtype or sizes[i] >= small
-                  or sum(sizes[j] for j in group) >= cap):
-      made.append((tuple(group), sum(sizes[j] for j in group), 0, None))
-      group = []
+                  or group_bytes >= cap):
+      made.append((tuple(group), group_bytes, 0, None))
+      group, group_bytes = [], 0
     if sizes[i] < small:
       group.append(i)
+      group_bytes += sizes[i]
     elif sizes[i] <= cap:
       made.append(((i,), sizes[i], 0, None))
     else:
@@ -188,7 +190,7 @@ def Units(leaves: Sequence[Optional[tf.Tensor]], num_devices: int
         b = min(a + per, n)
         made.append(((i,), (b - a) * t.dtype.size, a, b))
   if group:
-    made.append((tuple(group), sum(sizes[j] for j in group), 0, None))
+    made.append((tuple(group), group_bytes, 0, None))
   load = [0] * num_devices
   owners = [0] * len(made)
   for u in sorted(range(len(made)), key=lambda u: -made[u][1]):
@@ -233,20 +235,16 @@ def PlacedSum(copies: Sequence[Sequence[Optional[tf.Tensor]]],
 def _UnitParts(leaves: Sequence[Optional[tf.Tensor]],
                units: Sequence[Unit]) -> List[tf.Tensor]:
   """One copy's tensor of each unit."""
-  pieces: Dict[int, List[tf.Tensor]] = {}
+  lengths: Dict[int, List[int]] = {}
   for unit in units:
-    if unit.stop is not None and unit.leaves[0] not in pieces:
-      i = unit.leaves[0]
-      sizes = [u.stop - u.start for u in units
-               if u.stop is not None and u.leaves[0] == i]
-      pieces[i] = tf.split(tf.reshape(leaves[i], [-1]), sizes)
-  taken = {i: 0 for i in pieces}
+    if unit.stop is not None:
+      lengths.setdefault(unit.leaves[0], []).append(unit.stop - unit.start)
+  pieces = {i: iter(tf.split(tf.reshape(leaves[i], [-1]), n))
+            for i, n in lengths.items()}
   out = []
   for unit in units:
     if unit.stop is not None:
-      i = unit.leaves[0]
-      out.append(pieces[i][taken[i]])
-      taken[i] += 1
+      out.append(next(pieces[unit.leaves[0]]))
     elif len(unit.leaves) == 1:
       out.append(leaves[unit.leaves[0]])
     else:
