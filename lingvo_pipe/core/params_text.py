@@ -23,6 +23,9 @@ Value grammar (a subset of Python literals)::
 A '#' after a value starts a comment. Values of other types (functions,
 arrays, Params inside a dict) are written as `<repr>`, for reading only.
 
+A key whose current value is a str also takes a bare word, as Lingvo's
+`FromText` does: `schedule : 1f1b` sets '1f1b' (see `ValueFromText`).
+
 Parsing never executes the text: no eval, exec, pickle or literal_eval. The
 parser below builds only None, bools, numbers, strings, lists, tuples, dicts
 and `DottedName` placeholders. `tf.<dtype>` names map to dtypes without any
@@ -52,6 +55,8 @@ _NUMBER = re.compile(
     r'[-+]?(?:(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|inf|nan)(?![\w.])')
 _INT = re.compile(r'[-+]?\d+')
 _NAME = re.compile(r'[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*')
+# One word (no spaces, quotes, backslash, '#' or brackets), then a comment.
+_BARE_WORD = re.compile(r'([^\s\'"\\#()\[\]{}]+)\s*(?:#.*)?')
 _SPACE = re.compile(r'\s*')
 _CONSTANTS = {'None': None, 'True': True, 'False': False}
 _ESCAPES_IN = {'\\': '\\', "'": "'", '"': '"', 'n': '\n', 'r': '\r',
@@ -206,8 +211,7 @@ class _Parser:
         self._pos = match.end()
         return _CONSTANTS[word]
       if '.' not in word:
-        self._Fail(f"bare word {word!r} is not a value (quote a string: "
-                   f"'{word}')")
+        self._Fail(_NotAValue(word))
       self._pos = match.end()
       return DottedName(word)
     if not ch:
@@ -297,6 +301,11 @@ class _Parser:
         self._Fail(f'escape {text[pos:pos + 2 + width]!r} is past U+10FFFF')
       out.append(chr(int(digits, 16)))
       pos += 2 + width
+
+
+def _NotAValue(word: str) -> str:
+  return (f'bare word {word!r} is not a value (quote a string: '
+          f'{QuoteString(word)})')
 
 
 def _HoldsClass(value: Any) -> bool:
@@ -428,8 +437,29 @@ def _Expectation(current: Any) -> str:
   return f'{kind}, which text cannot express (set it in Python, or write None)'
 
 
+def _ParseWhole(text: str, word: str | None) -> Any:
+  """`ParseValue`; if `text` is the bare `word`, an error says to quote it."""
+  try:
+    return ParseValue(text)
+  except ParamsTextError:
+    if word is None:
+      raise
+    raise ParamsTextError(_NotAValue(word)) from None
+
+
 def ValueFromText(key: str, current: Any, text: str) -> Any:
   """Parses `text` as the new value of `key`, which now holds `current`.
+
+  `text` is stripped. If `current` is a str, a bare word is also read as a
+  str, as Lingvo does: one word with no spaces, quotes, backslash, '#' or
+  brackets (an optional '# comment' may follow), that is not a literal of
+  another kind. So `1f1b`, `zb_v`, `/tmp/my_table.csv`, `gs://b/x-*`, `1.2.3`
+  and `a.b` (a name, but a str key never resolves one) are strs, while
+  `None`, `True`, `False`, a number (`12`, `inf`) and `tf.<dtype>` keep their
+  meaning: None is taken, the others fail as a type mismatch that says to
+  quote. Quoted strings parse as everywhere, and `ToText` always quotes, so
+  the text round trip is exact. Keys holding anything else never take a bare
+  word.
 
   Raises:
     ParamsTextError: naming `key`, what it expects and how to write it, if the
@@ -437,9 +467,13 @@ def ValueFromText(key: str, current: Any, text: str) -> Any:
   """
   expects = _Expectation(current)
   text = text.strip()
+  match = _BARE_WORD.fullmatch(text)
+  word = match.group(1) if match else None
   try:
-    value = ResolveNames(ParseValue(text), AllowsImport(current))
+    value = ResolveNames(_ParseWhole(text, word), AllowsImport(current))
   except ParamsTextError as e:
+    if word is not None and isinstance(current, str):
+      return word
     raise ParamsTextError(f'bad value for {key!r}, which expects {expects}: '
                           f'{e}') from None
   if not _Fits(current, value):

@@ -559,7 +559,8 @@ class TextTest(parameterized.TestCase):
        "0.5): bare word 'abc' is not a value"),
       ('IntForStr', 'label : 5',
        "'label' expects str (write a quoted string, e.g. 'abc')"),
-      ('BareWordForStr', 'label : hello', "quote a string: 'hello'"),
+      ('BoolForStr', 'label : True', "'label' expects str (write a quoted "
+       "string, e.g. 'abc'); got bool 'True'"),
       ('IntForBool', 'flag : 1', 'expects bool (write True or False)'),
       ('IntForList', 'nums : 1', 'expects list (write e.g. [1, 2]'),
       ('ListForDict', 'table : [1]', 'expects dict'),
@@ -611,10 +612,13 @@ class TextTest(parameterized.TestCase):
     self.addCleanup(sys.modules.pop, module_name, None)
     importlib.invalidate_caches()
     p = _Model()
-    for key in ('dim', 'label', 'nums'):
+    for key in ('dim', 'nums'):
       with self.assertRaisesRegex(ParamsTextError, 'only resolved for'):
         p.FromText(f'{key} : {module_name}.Probe')
       self.assertNotIn(module_name, sys.modules)
+    p.FromText(f'label : {module_name}.Probe')  # A str key takes a bare word.
+    self.assertEqual(p.label, f'{module_name}.Probe')
+    self.assertNotIn(module_name, sys.modules)
     p.FromText(f'empty : {module_name}.Probe')
     self.assertIn(module_name, sys.modules)
     self.assertIs(p.empty, sys.modules[module_name].Probe)

@@ -248,6 +248,83 @@ class ValueFromTextTest(parameterized.TestCase):
       params_text.ValueFromText('k', current, text)
     self.assertIn(message, str(cm.exception))
 
+  @parameterized.named_parameters(
+      ('Schedule', '1f1b', '1f1b'),
+      ('Underscore', 'zb_v', 'zb_v'),
+      ('Interleaved', 'interleaved_1f1b', 'interleaved_1f1b'),
+      ('Identifier', 'gpipe', 'gpipe'),
+      ('Path', '/tmp/my_table.csv', '/tmp/my_table.csv'),
+      ('Dashes', 'train-00001-of-00010', 'train-00001-of-00010'),
+      ('DottedName', 'my_table.csv', 'my_table.csv'),
+      ('NotADtype', 'tf.records', 'tf.records'),
+      ('Url', 'gs://bucket/train-*', 'gs://bucket/train-*'),
+      ('Version', '1.2.3', '1.2.3'),
+      ('Comma', 'dev,test', 'dev,test'),
+      ('Token', '</s>', '</s>'),
+      ('Unicode', '\u00e9t\u00e9', '\u00e9t\u00e9'),
+      ('Spaces', ' \t gpipe  ', 'gpipe'),
+      ('Comment', 'zb_v  # zero bubble', 'zb_v'),
+  )
+  def testBareWordForStr(self, text, expected):
+    value = params_text.ValueFromText('k', 'gpipe', text)
+    self.assertEqual(value, expected)
+    self.assertIs(type(value), str)
+
+  @parameterized.named_parameters(
+      ('Quoted', "'1f1b'", '1f1b'),
+      ('DoubleQuoted', '"zb_v"', 'zb_v'),
+      ('WithSpace', "'a b'", 'a b'),
+      ('LikeBool', "'True'", 'True'),
+      ('LikeInt', "'12'", '12'),
+      ('Empty', "''", ''),
+      ('Hash', "'a # b'", 'a # b'),
+      ('None', 'None', None),
+  )
+  def testQuotedForStr(self, text, expected):
+    self.assertEqual(params_text.ValueFromText('k', 'gpipe', text), expected)
+
+  @parameterized.named_parameters(
+      ('Bool', 'True', "'k' expects str (write a quoted string, e.g. 'abc'); "
+       "got bool 'True'"),
+      ('Int', '12', "got int '12'"),
+      ('Inf', 'inf', "got float 'inf'"),
+      ('Dtype', 'tf.float32', "got DType 'tf.float32'"),
+      ('TwoWords', 'a b', "bad value for 'k', which expects str"),
+      ('List', '[a]', "bare word 'a' is not a value"),
+      ('Call', "f('x')", "bad value for 'k'"),
+  )
+  def testStrStaysStrictForOtherText(self, text, message):
+    with self.assertRaises(ParamsTextError) as cm:
+      params_text.ValueFromText('k', 'gpipe', text)
+    self.assertIn(message, str(cm.exception))
+    self.assertNotIn('\n', str(cm.exception))
+
+  @parameterized.named_parameters(
+      ('Int', 3, '1f1b', 'int (write a number'),
+      ('Float', 0.5, 'zb_v', 'float (write a number'),
+      ('Bool', True, 'interleaved_1f1b', 'bool (write True or False)'),
+      ('List', ['a'], '/tmp/my_table.csv', 'list (write e.g. [1, 2]'),
+      ('None', None, 'gpipe', 'any value'),
+      ('Dtype', tf.float32, 'float32', 'a tf.DType'),
+      ('Enum', Mode.TRAIN, 'TRAIN', 'Mode (write a member'),
+  )
+  def testBareWordRefusedForOtherTypes(self, current, text, expects):
+    with self.assertRaises(ParamsTextError) as cm:
+      params_text.ValueFromText('k', current, f' {text} ')
+    message = str(cm.exception)
+    self.assertStartsWith(message, f"bad value for 'k', which expects "
+                          f'{expects}')
+    self.assertEndsWith(message, f': bare word {text!r} is not a value '
+                        f'(quote a string: {text!r})')
+    self.assertNotIn('\n', message)
+
+  @parameterized.parameters(
+      '1f1b', 'zb_v', '/tmp/my_table.csv', 'True', '12', 'None', 'tf.float32',
+      ' spaced ', '', "it's", 'a # b', 'a\nb')
+  def testStrRoundTrip(self, value):
+    text = params_text.FormatValue(value)
+    self.assertEqual(params_text.ValueFromText('k', 'gpipe', text), value)
+
 
 if __name__ == '__main__':
   absltest.main()
