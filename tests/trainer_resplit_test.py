@@ -62,6 +62,14 @@ class ResNetInterleaved(synthetic.ResNetTinyGPipe):
 
 
 @model_registry.RegisterSingleTaskModel
+class ResNetZeroBubbleV(synthetic.ResNetTinyGPipe):
+  """ZB-V: K=2 devices x 2 stages in a V, backwards split."""
+  SCHEDULE = 'zb_v'
+  NUM_VIRTUAL_STAGES = 2
+  RECOMPUTE = 'never'
+
+
+@model_registry.RegisterSingleTaskModel
 class ResNetTwoReplicas(synthetic.ResNetTinyGPipe):
 
   def Task(self):
@@ -233,14 +241,14 @@ class TrainerResplitTest(trainer_testlib.TrainerTestBase,
     self.assertEqual(int(saved['global_step']), _SAVED + 2)
 
 
-  def _Losses(self, *overrides):
-    """Each step's loss of the README's model trained _SAVED steps."""
+  def _Losses(self, *overrides, model='image.synthetic.ResNetTinyGPipe'):
+    """Each step's loss of the README's model (or `model`) trained _SAVED
+    steps."""
     logdir = self.create_tempdir().full_path
     result = self._Run(logdir, f'--data_dir={self._data}',
                        f'--model_params_override={_OVERRIDE}\n'
                        f'task.train.max_steps : {_SAVED}\n' +
-                       '\n'.join(overrides),
-                       model='image.synthetic.ResNetTinyGPipe')
+                       '\n'.join(overrides), model=model)
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     losses = trainer_testlib.Scalars(os.path.join(logdir, 'train'))['loss']
     self.assertEqual([s for s, _ in losses], list(range(1, _SAVED + 1)))
@@ -261,10 +269,26 @@ class TrainerResplitTest(trainer_testlib.TrainerTestBase,
       self.assertAlmostEqual(got, want, delta=5e-3 * abs(want),
                              msg=f'step {step}')
     self.assertLess(one_f[-1], 0.7 * one_f[0])  # it learnt
-    zero_bubble, out = self._Losses("task.network.schedule : 'zb_h1'",
-                                    "task.network.recompute : 'never'")
+    # Bare words, as Lingvo users write them.
+    zero_bubble, out = self._Losses('task.network.schedule : zb_h1',
+                                    'task.network.recompute : never')
     self.assertIn('schedule=zb_h1', out)
     self.assertEqual(zero_bubble, one_f)
+
+  def testZeroBubbleVTrainsToGPipesLoss(self):
+    """ZB-V (K=2 x 2 stages in a V, the loss on device 0) through the
+    binary: the first step's loss is GPipe's bitwise (the same forward),
+    then within float32 drift of GPipe's, as 1F1B's are."""
+    gpipe = [v for _, v in trainer_testlib.Scalars(
+        os.path.join(self._K2Checkpoint()[0], 'train'))['loss']]
+    zbv, out = self._Losses(model='lp_resplit_models.ResNetZeroBubbleV')
+    self.assertIn('K=2 devices x V=2 stages', out)
+    self.assertIn('schedule=zb_v', out)
+    self.assertEqual(zbv[0], gpipe[0])
+    for step, (got, want) in enumerate(zip(zbv, gpipe), start=1):
+      self.assertAlmostEqual(got, want, delta=5e-3 * abs(want),
+                             msg=f'step {step}')
+    self.assertLess(zbv[-1], 0.7 * zbv[0])
 
 if __name__ == '__main__':
   absltest.main()

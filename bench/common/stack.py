@@ -45,6 +45,7 @@ from lingvo_pipe.core import optimizer
 from lingvo_pipe.core import schedule
 from lingvo_pipe.core import transformer_layers
 from lingvo_pipe.core.nested_map import NestedMap
+from lingvo_pipe.core.schedules import registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +192,7 @@ def Ideal(setup: Setup) -> float:
   free hand-offs (schedule.Simulate). GPipe and 1F1B: K M / (M + K - 1)."""
   if setup.kind != 'pipe':
     return 1.0
-  table = schedule.Make(setup.schedule, setup.k, setup.m, setup.v,
+  table = registry.Make(setup.schedule, setup.k, setup.m, setup.v,
                         split_backward=setup.split)
   stages = setup.k * setup.v
   forward = [1.0 / (stages * setup.m)] * stages

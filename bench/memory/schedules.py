@@ -57,6 +57,7 @@ quiet.ImportTensorFlow()  # before the modules below import it
 from bench.common import cli  # noqa: E402
 from bench.memory import table1  # noqa: E402
 from lingvo_pipe.core import schedule as schedule_lib  # noqa: E402
+from lingvo_pipe.core.schedules import registry  # noqa: E402
 
 K = 2
 SCHEDULES = (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2))
@@ -88,8 +89,8 @@ class Config:
 
 def HeldLayers(config: Config) -> List[int]:
   """Per device: most layer x micro-batch activations held (docstring)."""
-  table = schedule_lib.Make(config.schedule, K, config.m, config.v,
-                            config.split)
+  table = registry.Make(config.schedule, K, config.m, config.v,
+                        config.split)
   _, device_peak = schedule_lib.InFlight(table)
   per_stage = STACK['num_layers'] // (K * config.v)
   return [n * per_stage for n in device_peak]

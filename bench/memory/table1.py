@@ -17,7 +17,7 @@ set-ups as GPipe's Table 1:
 A pipeline's step is the trainer's one pass (`FPropWithLoss`, through
 bench/common's `MeanSquareLoss`: each micro-batch's loss on the last
 device as its forward ends) in the order of --schedule (one of
-schedule.SCHEDULES): 'gpipe' (every forward, then every backward),
+schedules/registry.py's Names()): 'gpipe' (every forward, then every backward),
 '1f1b' (stage k holds at most K-k micro-batches between forward and
 backward), 'interleaved_1f1b' with --num_virtual_stages=V stages per
 device (K x V partitions, M a multiple of K), ... --recompute is the
@@ -97,7 +97,7 @@ from lingvo_pipe.core import quiet  # noqa: E402
 quiet.ImportTensorFlow()  # before the modules below import it
 
 from bench.common import cli  # noqa: E402
-from lingvo_pipe.core import schedule as schedule_lib  # noqa: E402
+from lingvo_pipe.core.schedules import registry  # noqa: E402
 from lingvo_pipe.tools import memory_worker  # noqa: E402
 
 SETUPS = {'naive': 'naive', '1': 'pipeline-1', '2': 'pipeline-2',
@@ -425,7 +425,7 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   parser.add_argument('--setups', default='naive,1,2,4',
                       help='of naive, 1, 2, 4 (pipeline-K)')
   parser.add_argument('--schedule', default='gpipe',
-                      choices=schedule_lib.SCHEDULES,
+                      choices=registry.Names(),
                       help='schedule of the pipeline set-ups')
   parser.add_argument('--num_virtual_stages', type=int, default=1,
                       help='V stages per device (interleaved_1f1b)')

@@ -65,6 +65,7 @@ from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import lr_schedule
 from lingvo_pipe.core import optimizer
 from lingvo_pipe.core import replicas
+from lingvo_pipe.core.schedules import registry
 from lingvo_pipe.core.nested_map import NestedMap
 
 Metrics = Mapping[str, Tuple[Any, Any]]
@@ -127,9 +128,11 @@ def _IsPipeline(fields: Mapping[str, Any]) -> bool:
 
 
 def _DevicesPerReplica(fields: Mapping[str, Any]) -> int:
-  """K of a PipeliningLayer's fields: len(cell_tpl) / V stages per device."""
-  return (len(fields['cell_tpl']) //
-          max(1, int(fields.get('num_virtual_stages', 1))))
+  """K of a PipeliningLayer's fields, as its schedule counts it
+  (len(cell_tpl) / V, or a table file's own K)."""
+  return registry.Lookup(fields.get('schedule', 'gpipe')).NumDevices(
+      len(fields['cell_tpl']), max(1, int(fields.get('num_virtual_stages',
+                                                     1))))
 
 
 def PipelineParams(task_params: Any, path: str = 'task'
@@ -161,10 +164,12 @@ def PlacePipelines(params: Any, device_names: List[str],
   """Sets `devices` of every pipeline params (`PipelineParams`) that has
   none, e.g. to the devices of a cluster's tasks (`cluster.Connect`).
 
-  Replica r's partition k goes to device r * K + k, K = len(cell_tpl) /
-  V for V stages per device (`replicas` defaults to the task params'
-  train.num_replicas, 1 if none). Returns how many pipelines were placed.
-  A pipeline needing more devices than there are is an error naming both
+  Replica r's pipeline device d goes to device r * K + d, K the devices
+  its schedule runs on (len(cell_tpl) / V; the layer places each stage on
+  one of them, `PipeliningLayer.placement`); `replicas` defaults to the
+  task params' train.num_replicas, 1 if none. Returns how many pipelines
+  were placed. A pipeline needing more devices than there are is an
+  error naming both
   numbers.
   """
   if replicas is None:

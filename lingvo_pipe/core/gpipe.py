@@ -1,11 +1,13 @@
 """PipeliningLayer: a pipeline of stages on a list of devices.
 
-The layer holds S cells (stages), cell s built and run on device
-s mod K: K = S / V devices, V = p.num_virtual_stages stages on each
-(interleaved schedules; V = 1 otherwise). A batch is split into M
-micro-batches; each device runs its actions (forward or backward of one
-stage on one micro-batch) in the order of a schedule, a table
-(`schedule.py`): 'gpipe', '1f1b' or 'interleaved_1f1b'.
+The layer holds S cells (stages) on K devices, V = p.num_virtual_stages
+stages on each (K = S / V), cell s built and run on the device its
+schedule places it on (`registry.Placement`: s mod K for most, a V for
+'zb_v', as listed for a table read from a file). A batch is split into M
+micro-batches; each device runs its actions (forward, backward, or a
+split backward's halves, of one stage on one micro-batch) in the order
+of the schedule's table (`schedule.py`; `registry.Names()` lists them,
+and p.schedule may name a .csv file of a table, `schedule_file.py`).
 
 Two ways to run it:
 
@@ -56,6 +58,8 @@ from lingvo_pipe.core import devices as devices_lib
 from lingvo_pipe.core import hand_offs
 from lingvo_pipe.core import pipeline_run
 from lingvo_pipe.core import schedule as schedule_lib
+from lingvo_pipe.core import stage_calls
+from lingvo_pipe.core.schedules import registry
 from lingvo_pipe.core.nested_map import NestedMap
 
 RECOMPUTE_MODES = ('always', 'except_last', 'never')
@@ -121,13 +125,13 @@ def _SubNamesAreUnique(cell_tpl: Sequence[Any]) -> bool:
 class PipeliningLayer(base_layer.BaseLayer):
   """Pipelined stages on K devices, M micro-batches (module docstring).
 
-  Cells are children `cell_0` .. `cell_{S-1}`, cell s built on device
-  s mod K. When every cell is a SequentialLayer whose sub-layers have
-  names unique across all cells (as `partitioner.PartitionSequentialLayers`
-  makes them), the cell names are left out of variable and seed paths:
-  initial values, dropout masks and checkpoint names are then those of
-  the same layers in one plain SequentialLayer named like this layer,
-  whatever the split.
+  Cells are children `cell_0` .. `cell_{S-1}`, cell s built on the
+  device its schedule places it on (`placement`). When every cell is a
+  SequentialLayer whose sub-layers have names unique across all cells
+  (as `partitioner.PartitionSequentialLayers` makes them), the cell names
+  are left out of variable and seed paths: initial values, dropout masks
+  and checkpoint names are then those of the same layers in one plain
+  SequentialLayer named like this layer, whatever the split.
 
   FProp(theta, inputs) -> outputs of the last stage for the whole batch;
   `inputs` is a tensor or a nest of tensors [batch, ...].
@@ -144,27 +148,29 @@ class PipeliningLayer(base_layer.BaseLayer):
              'then ignored).')
     p.Define('batch_dim', 0, 'Batch axis of every input and output tensor.')
     p.Define('devices', None,
-             'Device of each of the K = S / num_virtual_stages pipeline '
-             'devices: replica r (data parallelism, BaseTask '
-             'train.num_replicas) runs stage s on devices[r * K + s mod K] '
-             "with its own copy of the stage's variables (replica 0's are "
-             "the layer's, the ones checkpointed). None: "
+             'Device of each of the K pipeline devices: replica r (data '
+             'parallelism, BaseTask train.num_replicas) runs stage s on '
+             'devices[r * K + d], d the device the schedule places stage s '
+             "on, with its own copy of the stage's variables (replica 0's "
+             "are the layer's, the ones checkpointed). None: "
              'devices.DefaultDevices().')
     p.Define('recompute', 'always', f'One of {RECOMPUTE_MODES}.')
     p.Define('schedule', 'gpipe',
-             f'Order of the actions in training, one of '
-             f'{schedule_lib.SCHEDULES} (schedule.py).')
+             'Order of the actions in training: one of '
+             f'{registry.Names()} (schedules/registry.py) or the path of '
+             "a table's .csv file (schedule_file.py).")
     p.Define('num_virtual_stages', 1,
-             'V, stages per device: stage s runs on device s mod K, K = '
-             "len(cell_tpl) / V. More than 1 with 'interleaved_1f1b' (or "
-             "'gpipe').")
+             'V, stages per device, K = len(cell_tpl) / V devices; the '
+             'schedule says how many it runs and where each stage goes '
+             "(2 for 'zb_v'; 2 or more for 'interleaved_1f1b'). A .csv "
+             'table sets K and the placement itself.')
     p.Define('split_backward', False,
              "With recompute 'never': each backward in training runs as B, "
              'the input gradient, handed to the previous stage at once, '
              'then W, the weight gradient (schedule.SplitBackwards; the '
              'same order, nothing computed twice, but each micro-batch\'s '
-             'output gradients held from its B to its W). '
-             "'zb_h1' always splits.")
+             'output gradients held from its B to its W). Zero-bubble '
+             'schedules always split.')
     return p
 
   def __init__(self, params):
@@ -184,12 +190,14 @@ class PipeliningLayer(base_layer.BaseLayer):
       raise ValueError(f'{where}: micro_batch_size={p.micro_batch_size}; '
                        'use 1 or more, or None.')
     self._num_devices = _CheckSchedule(where, p)
+    self._placement = registry.Placement(
+        p.schedule, self._num_devices, p.num_virtual_stages)
     self._all_devices = ResolveDevices(self.path, p.devices,
                                        self._num_devices)
     unique = _SubNamesAreUnique(p.cell_tpl)
     self._cells = []
     for s, cell_p in enumerate(p.cell_tpl):
-      with tf.device(self._all_devices[s % self._num_devices]):
+      with tf.device(self._all_devices[self._placement[s]]):
         self._cells.append(self.CreateChild(
             f'cell_{s}', cell_p, seed_name='' if unique else None,
             path_name='' if unique else None))
@@ -206,11 +214,16 @@ class PipeliningLayer(base_layer.BaseLayer):
     """The device of each stage in the current replica."""
     return self.StageDevices(self.replica)
 
+  @property
+  def placement(self) -> Tuple[int, ...]:
+    """Stage s's device index (0..K-1) in every replica, as the schedule
+    places it: the one source every part of the pipeline reads."""
+    return self._placement
+
   def StageDevices(self, replica: int) -> List[str]:
-    """The device of each stage in replica `replica` (stage s on its
-    device s mod K)."""
+    """The device of each stage in replica `replica` (`placement`)."""
     devices = self.ReplicaDevices(replica)
-    return [devices[s % len(devices)] for s in range(self.num_partitions)]
+    return [devices[d] for d in self._placement]
 
   def ReplicaDevices(self, replica: int) -> List[str]:
     """Replica `replica`'s K pipeline devices."""
@@ -237,15 +250,19 @@ class PipeliningLayer(base_layer.BaseLayer):
             training: bool = True) -> schedule_lib.Schedule:
     """The schedule's table for M micro-batches.
 
-    `training=False`: the table FProp runs (GPipe's order), whose forwards
-    come before every backward.
+    `training=False`: the table FProp runs (GPipe's order over the same
+    placement), whose forwards come before every backward.
     """
     p = self.params
-    name = p.schedule if training else 'gpipe'
     try:
-      return schedule_lib.Make(name, self._num_devices, num_micro_batches,
-                               p.num_virtual_stages,
-                               split_backward=training and p.split_backward)
+      if not training:
+        table = schedule_lib.GPipe(self._num_devices, num_micro_batches,
+                                   stage_devices=self._placement)
+        schedule_lib.Validate(table)
+        return table
+      return registry.Make(p.schedule, self._num_devices,
+                               num_micro_batches, p.num_virtual_stages,
+                               split_backward=p.split_backward)
     except ValueError as err:
       raise ValueError(f"PipeliningLayer '{self.path}': {err}") from None
 
@@ -309,15 +326,19 @@ class PipeliningLayer(base_layer.BaseLayer):
     with tf.device(self.stage_devices[0]):
       leaves = hand_offs.CastFloats(leaves, self.hand_off_dtype)
     num_micro = self.NumMicroBatches(self._BatchSize(leaves))
-    devices = self.devices
     thetas = []
     for s, dev in enumerate(self.stage_devices):
       with tf.device(dev):
         thetas.append(theta[f'cell_{s}'].Transform(tf.convert_to_tensor))
-    stage_devices = [s % len(devices) for s in range(self.num_partitions)]
-    run = pipeline_run.PipelineRun(
-        layer=self, num_micro_batches=num_micro, in_structure=inputs,
-        thetas=thetas, devices=devices, stage_devices=stage_devices)
+    stages = stage_calls.Stages(
+        path=self.path, cells=self.cells, device_names=self.devices,
+        placement=self._placement,
+        keeps_activations=[self.KeepsActivations(s)
+                           for s in range(self.num_partitions)],
+        batch_dim=self.params.batch_dim, hand_off_dtype=self.hand_off_dtype,
+        replica=self.replica, mirrors=list(zip(*[
+            self.StageDevices(r) for r in range(self.num_replicas)])))
+    run = pipeline_run.PipelineRun(stages, num_micro, inputs, thetas)
     return run, leaves, num_micro
 
   def FProp(self, theta: NestedMap, inputs: Any) -> Any:
@@ -362,18 +383,17 @@ class PipeliningLayer(base_layer.BaseLayer):
     m = self.NumMicroBatches(batch_size, num_replicas)
     table = self.Table(m)
     sim = schedule_lib.Simulate(table)
-    where = [self.ReplicaDevices(r) for r in range(num_replicas)]
+    where = [self.StageDevices(r) for r in range(num_replicas)]
     head = (f'R={num_replicas} replicas x ' if num_replicas > 1 else '')
     split = ' (backwards split, B then W)' if table.split_in_place else ''
-    v = self.params.num_virtual_stages
-    stages = (f'K={self._num_devices} devices x V={v} stages'
-              if v > 1 else f'K={s_total} partitions')
+    k = self._num_devices
+    stages = (f'K={k} devices x V={s_total // k} stages'
+              if s_total > k else f'K={s_total} partitions')
     lines = [f"PipeliningLayer '{self.path}': {head}{stages}, M={m} "
              f'micro-batches, schedule={table.name}{split}, recompute='
              f'{self.params.recompute}, bubble {sim.bubble:.1%}, in flight '
              f'at most {list(sim.peak_device_in_flight)} per device']
-    lines += [f'  partition {i}: ' + ' | '.join(
-        d[i % self._num_devices] for d in where) +
+    lines += [f'  partition {i}: ' + ' | '.join(d[i] for d in where) +
               f' ({base_layer.NumParameters(self.cells[i]):,} parameters)'
               for i in range(s_total)]
     lines.append(schedule_lib.Timeline(table))
@@ -381,39 +401,18 @@ class PipeliningLayer(base_layer.BaseLayer):
 
 
 def _CheckSchedule(where: str, p: Any) -> int:
-  """K, the devices per replica; one-line errors for a bad schedule."""
-  if p.schedule not in schedule_lib.SCHEDULES:
-    raise ValueError(f'{where}: schedule={p.schedule!r}; use one of '
-                     f'{schedule_lib.SCHEDULES}.')
-  v = p.num_virtual_stages
-  s_total = len(p.cell_tpl)
-  if not isinstance(v, int) or v < 1 or s_total % v:
-    raise ValueError(
-        f'{where}: num_virtual_stages={v!r} must be a positive divisor of '
-        f'the {s_total} cells (K = cells / V devices).')
-  if p.schedule == 'interleaved_1f1b' and v < 2:
-    raise ValueError(
-        f"{where}: schedule 'interleaved_1f1b' needs num_virtual_stages >= "
-        "2 (and as many times more cells); use '1f1b' for one stage per "
-        'device.')
-  if p.schedule == 'zb_h1' and (v != 1 or p.recompute != 'never'):
-    raise ValueError(
-        f"{where}: schedule 'zb_h1' splits each backward in two halves of "
-        "the kept activations' gradient: it needs recompute='never' and one "
-        f'stage per device, got recompute={p.recompute!r}, '
-        f'num_virtual_stages={v}.')
+  """K, the devices per replica; one-line errors for a bad schedule (its
+  rules are its definition's: registry.Check)."""
   if not isinstance(p.split_backward, bool):
     raise ValueError(f'{where}: split_backward={p.split_backward!r}; use '
                      'True or False.')
-  if p.split_backward and p.recompute != 'never':
-    raise ValueError(
-        f"{where}: split_backward splits the kept activations' gradient: "
-        f"it needs recompute='never', got recompute={p.recompute!r}.")
-  if p.schedule == '1f1b' and v != 1:
-    raise ValueError(
-        f"{where}: schedule '1f1b' runs one stage per device, got "
-        f"num_virtual_stages={v}; use 'interleaved_1f1b'.")
-  return s_total // v
+  num_micro = (p.num_micro_batches if p.micro_batch_size is None else None)
+  try:
+    return registry.Check(p.schedule, len(p.cell_tpl), num_micro,
+                              p.num_virtual_stages, p.recompute,
+                              p.split_backward)
+  except ValueError as err:
+    raise ValueError(f'{where}: {err}') from None
 
 
 def MicroBatchError(p: Any, batch_size: int,

@@ -38,6 +38,7 @@ from lingvo_pipe.core import base_layer
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import layers as layers_lib
 from lingvo_pipe.core import schedule
+from lingvo_pipe.core.schedules import registry
 
 COSTS = ('flops', 'params', 'time')
 
@@ -153,9 +154,10 @@ class BalanceReport:
     cost_name: 'flops', 'params', 'time' (seconds) or 'user' (given costs).
     num_micro_batches: M, for the bubble fraction.
     partitions: one PartitionStats per partition (stage), in pipeline order.
-    schedule_name: the schedule (schedule.SCHEDULES), for the bubble.
+    schedule_name: the schedule (registry.Names(), or a .csv table), for
+      the bubble.
     num_virtual_stages: V, stages per device: the partitions run on
-      K = partitions / V devices, stage s on device s mod K.
+      K = partitions / V devices, placed as the schedule places them.
   """
   cost_name: str
   num_micro_batches: int
@@ -169,11 +171,12 @@ class BalanceReport:
 
   @property
   def num_devices(self) -> int:
-    """K = partitions / V."""
-    return self.num_partitions // self.num_virtual_stages
+    """K (partitions / V, or a table file's own)."""
+    return registry.Lookup(self.schedule_name).NumDevices(
+        self.num_partitions, self.num_virtual_stages)
 
   def Table(self) -> schedule.Schedule:
-    """The schedule's table for these partitions and M (schedule.Make)."""
+    """The schedule's table for these partitions and M (registry.Make)."""
     return _Table(self.schedule_name, self.num_partitions,
                   self.num_micro_batches, self.num_virtual_stages)
 
@@ -200,9 +203,9 @@ class BalanceReport:
     return max(self.costs) / mean if mean > 0 else 1.0
 
   def __str__(self) -> str:
-    v = self.num_virtual_stages
-    shape = (f'K={self.num_devices} devices x V={v} stages' if v > 1 else
-             f'K={self.num_partitions} partitions')
+    k, s_total = self.num_devices, self.num_partitions
+    shape = (f'K={k} devices x V={s_total // k} stages' if s_total > k else
+             f'K={s_total} partitions')
     head = (f'Pipeline balance by {self.cost_name}: {shape}, '
             f'M={self.num_micro_batches} micro-batches, bubble '
             f'{self.bubble_fraction:.1%} ({self.schedule_name}, backward = 2 x '
@@ -232,14 +235,12 @@ class BalanceReport:
 
 def _Table(schedule_name: str, num_partitions: int, num_micro_batches: int,
            num_virtual_stages: int) -> schedule.Schedule:
-  """schedule.Make's table of S = num_partitions stages on S / V devices."""
-  v = num_virtual_stages
-  if not isinstance(v, int) or v < 1 or num_partitions % v:
-    raise ValueError(
-        f'num_virtual_stages={v!r} must be a positive divisor of the '
-        f'{num_partitions} partitions (K = partitions / V devices).')
-  return schedule.Make(schedule_name, num_partitions // v, num_micro_batches,
-                       v)
+  """registry.Make's table of S = num_partitions stages (its rules:
+  registry.Check)."""
+  k = registry.Check(schedule_name, num_partitions, num_micro_batches,
+                     num_virtual_stages)
+  return registry.Make(schedule_name, k, num_micro_batches,
+                       num_virtual_stages)
 
 
 def _Count(x: float) -> str:
@@ -533,7 +534,7 @@ def PartitionWithReport(
     num_timing_runs: timed runs per layer for 'time', after one warm-up.
     schedule_name: the PipeliningLayer's p.schedule, for the report's bubble.
     num_virtual_stages: its p.num_virtual_stages (V): the K partitions
-      then run on K / V devices.
+      then run on K / V devices, placed by the schedule.
 
   Returns:
     (cells, report): K `SequentialLayer` params named `cell_{k}`, cell k's

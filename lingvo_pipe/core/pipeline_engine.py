@@ -11,8 +11,9 @@ action produced:
                 s = S-1 and a loss:  dy[S-1][m] = stage.Loss(m, y)
       B(s, m):  dx = stage.Backward(s, m, dy[s][m])     dy[s-1][m] = dx
       W(s, m):  stage.Weight(s, m)   (tables that split the backward)
-      A(s):     stage.AllReduce(s, done)   (replicas: the stage's sums over
-                                           its copies, to `done`)
+      A(s):     all_reduce(s, done)        (replicas: the stage's sums over
+                                           its copies, to `done`; the
+                                           caller says how)
     last[d] = the action's outputs   (not an A's: the device goes on with
                                       its next action while it runs)
 
@@ -60,10 +61,11 @@ class StageOps(Protocol):
   def Weight(self, s: int, m: int) -> Leaves:
     """W(s, m): the stage's running gradient sums."""
 
-  def AllReduce(self, s: int, done: Callable[[Leaves], None]) -> None:
-    """A(s): the stage's gradient sums, summed over its mirrored copies;
-    `done` gets them once they are built (in one pass, when the last
-    replica's trace reaches its A(s))."""
+
+# A(s): stage s's gradient sums over its mirrored copies; `done` gets them
+# once they are built (in one pass, when the last replica's trace reaches
+# its A(s)).
+AllReduce = Callable[[int, Callable[[Leaves], None]], None]
 
 
 @dataclasses.dataclass
@@ -104,13 +106,15 @@ class Engine:
     return self._devices[self._stage_devices[stage]]
 
   def Run(self, table: schedule.Schedule, flow: Flow,
-          with_loss: bool = False) -> Flow:
+          with_loss: bool = False,
+          all_reduce: Optional[AllReduce] = None) -> Flow:
     """Emits every action of `table` (module docstring).
 
     `flow.inputs[m]`: stage 0's inputs of micro-batch m (for forwards);
     `flow.output_grads[m]`: d outputs of the last stage, for a table of
     backwards that follows a table of forwards. With `with_loss`, the last
     stage's forward is followed by `ops.Loss`, whose dy feeds B(S-1, m).
+    A table with A actions needs `all_reduce`.
     """
     last_stage = len(self._stage_devices) - 1
     x = {(0, m): v for m, v in flow.inputs.items()}
@@ -123,7 +127,7 @@ class Engine:
                schedule.ALL_REDUCE: 'all_reduce'}[a.phase]
       with tf.device(self._devices[d]), tf.name_scope(f'cell_{s}/{scope}'):
         if a.phase == schedule.ALL_REDUCE:
-          self._AllReduce(d, s)
+          self._AllReduce(d, s, all_reduce)
         elif a.phase == 'W':
           self._Weight(d, s, m)
         elif a.phase == 'F':
@@ -196,7 +200,7 @@ class Engine:
     end = self._Finish(d, 'W', s, m, start, sums)
     self._last[d] = [t for t in sums if t is not None] + _Present(end)
 
-  def _AllReduce(self, d: int, s: int) -> None:
+  def _AllReduce(self, d: int, s: int, all_reduce: AllReduce) -> None:
     """The collectives wait for the stage's sums only, not for the
     device's chain. When recording, the task starts as the device's
     previous action ends and ends when every sum is in: its length is the
@@ -205,7 +209,7 @@ class Engine:
 
     def Done(sums: Leaves) -> None:
       self._Finish(d, schedule.ALL_REDUCE, s, 0, start, sums)
-    self._ops.AllReduce(s, Done)
+    all_reduce(s, Done)
 
   def _Backward(self, d: int, s: int, m: int, dy: Leaves) -> Leaves:
     after = list(self._last.get(d, []))

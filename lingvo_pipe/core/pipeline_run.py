@@ -33,7 +33,10 @@ stage's theta:
                               and the gradient (computed in the pass) times
                               d loss
 
-The functions are `stage_function.OnDevice`s. The gradient is added to
+The functions are `stage_function.OnDevice`s, made per stage by
+`stage_calls.StageCalls` from what the layer hands the call
+(`stage_calls.Stages`: cells, devices, placement, recompute, replicas).
+The gradient is added to
 the running sum inside the backward call, where the sum takes the fresh
 gradient's buffer: a separate addition would hold a third copy of the
 stage's parameters (docs/DESIGN.md section 26). The first sum starts
@@ -55,194 +58,71 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from lingvo_pipe.core import all_reduce
-from lingvo_pipe.core import backward_split
-from lingvo_pipe.core import hand_offs
-from lingvo_pipe.core import input_gradient
 from lingvo_pipe.core import micro_batches
 from lingvo_pipe.core import pipeline_engine
 from lingvo_pipe.core import pipeline_loss
 from lingvo_pipe.core import residuals
 from lingvo_pipe.core import schedule
+from lingvo_pipe.core import stage_calls
 from lingvo_pipe.core import stage_function
-from lingvo_pipe.core import stamps
 from lingvo_pipe.core.nested_map import NestedMap
 
 Leaves = List[Optional[tf.Tensor]]
 Head = pipeline_loss.Head
 
 
-def _FirstLine(err: Exception) -> str:
-  text = str(err).strip().splitlines()
-  return text[0] if text else type(err).__name__
-
-
-def _Shapes(structure: Any) -> str:
-  return str(tf.nest.map_structure(lambda t: t.shape.as_list(), structure))
-
-
-def _Floats(leaves: Sequence[Optional[tf.Tensor]]) -> List[tf.Tensor]:
-  return [t for t in leaves if t is not None and residuals.IsFloat(t)]
-
-
 class PipelineRun:
-  """The ops of one call of a PipeliningLayer (module docstring)."""
+  """The ops of one call of a PipeliningLayer (module docstring).
 
-  def __init__(self, layer: Any, num_micro_batches: int, in_structure: Any,
-               thetas: List[Any], devices: List[str],
-               stage_devices: Sequence[int]):
-    self._layer = layer
-    self._cells = layer.cells
-    self._axis = layer.params.batch_dim
-    self._s = len(self._cells)
+  Per action (pipeline_engine.StageOps): Forward, Backward, Weight, Loss,
+  and the all-reduce of replicas, by placed ops in one pass
+  (_SumByExchange) or by the collective in FProp's gradient
+  (_SumByCollective); what each stage runs is `stage_calls.StageCalls`'.
+  """
+
+  def __init__(self, stages: stage_calls.Stages, num_micro_batches: int,
+               in_structure: Any, thetas: List[Any]):
+    self._calls = stage_calls.StageCalls(stages, in_structure, thetas)
+    self._where = self._calls.where
+    self._path = stages.path
+    self._axis = stages.batch_dim
+    self._s = len(stages.cells)
     self._m = num_micro_batches
-    self._thetas = thetas
-    self._stage_devices = list(stage_devices)
-    self._devices = [devices[d] for d in self._stage_devices]  # per stage
-    self._out_structure = None
-    # Per (s, m): the stage's input leaves, and when it keeps its
-    # activations, its outputs and residuals.
+    self._devices = stages.devices  # per stage
+    self._inputs: Leaves = []  # the pipeline's, as Call or Train got them
+    # Run's theta leaves per stage, as the gradient sums start from them,
+    # and as the stage functions read them (StageCalls.CastTheta).
+    self._theta_args = [tf.nest.flatten(t) for t in thetas]
+    self._theta_leaves = self._theta_args
+    # Per (s, m): the stage's input leaves; its outputs and residuals when
+    # it keeps its activations; what B(s, m) leaves W(s, m) (dy, carry).
     self._x: Dict[Tuple[int, int], Leaves] = {}
     self._kept: Dict[Tuple[int, int], Tuple[Leaves, Leaves]] = {}
-    # Stage s's input structure (s = 0: the pipeline's inputs).
-    self._structures: Dict[int, Any] = {0: in_structure}
-    self._theta_leaves = [tf.nest.flatten(t) for t in thetas]
-    # Run's theta leaves, as the gradient sums start from them; and per
-    # stage which leaves its functions read in the hand-off dtype.
-    self._theta_args = self._theta_leaves
-    self._cast_leaves = [[v.trainable and v.dtype.is_floating
-                          for v in tf.nest.flatten(cell.vars)]
-                         for cell in self._cells]
+    self._waiting: Dict[Tuple[int, int], Tuple[Leaves, Leaves]] = {}
     self._acc: List[Optional[Leaves]] = [None] * self._s
     self._engine = pipeline_engine.Engine(
-        self, devices, self._stage_devices, layer.path, self._CheckBatch)
-    self._forward_fns = [stage_function.OnDevice(self._ForwardFn(s), d)
-                         for s, d in enumerate(self._devices)]
-    self._backward_fns = [stage_function.OnDevice(self._BackwardFn(s, d), d)
-                          for s, d in enumerate(self._devices)]
-    # Stage 0 without its input gradient, and that gradient alone
-    # (input_gradient.py); made only when the rule says so.
-    self._backward_0_no_dx: Optional[Callable[..., Any]] = None
-    self._input_gradient_fn: Optional[Callable[..., Any]] = None
-    self._split_cells = {
-        s: residuals.SplitCell(f'cell_{s}', self._ForwardFn(s),
-                               lambda fn, d=d: stage_function.OnDevice(fn, d))
-        for s, d in enumerate(self._devices)
-        if layer.KeepsActivations(s)}
-    # Tables that split backwards (W actions): each stage's B and W, and
-    # per (s, m) what B leaves for W (dy, carry).
-    self._halves: Dict[int, backward_split.BackwardSplit] = {}
-    self._waiting: Dict[Tuple[int, int], Tuple[Leaves, Leaves]] = {}
+        self, stages.device_names, stages.placement, stages.path,
+        self._calls.CheckBatch)
     # One-pass training (Train): the loss head, and its theta as Run got it.
     self._loss: Optional[pipeline_loss.LossHead] = None
     self._head_theta: Leaves = []
-    # Replicas (all_reduce.py): per stage, the devices of its R copies;
-    # which entry the all-reduces belong to ('fprop' or 'train').
-    self._replicas, self._replica = layer.num_replicas, layer.replica
+    # Replicas (all_reduce.py): per stage, the devices of its R copies.
+    self._replicas, self._replica = stages.num_replicas, stages.replica
     self._exchanges: Dict[int, all_reduce.Exchange] = {}
-    self._mirror_devices = [list(copies) for copies in zip(
-        *[layer.StageDevices(r) for r in range(self._replicas)])]
-    self._kind = ''
+    self._mirror_devices = [list(copies) for copies in stages.mirrors]
 
   def _SetTheta(self, theta: List[Leaves]) -> None:
-    """Run's theta leaves per stage. With a hand-off dtype the stage
-    functions read each trainable floating leaf cast to it once per call,
-    on the stage's device: cast inside, every micro-batch would make its
-    own copy of the weights, and a stage keeping its activations keep
-    them all. The gradient sums stay in the variables' dtype."""
+    """Run's theta leaves per stage (StageCalls.CastTheta)."""
     self._theta_args = theta
-    dtype = self._layer.hand_off_dtype
-    if dtype is None:
-      self._theta_leaves = theta
-      return
-    self._theta_leaves = []
-    for s, (leaves, cast) in enumerate(zip(theta, self._cast_leaves)):
-      with tf.device(self._devices[s]), tf.name_scope(f'cell_{s}/theta'):
-        self._theta_leaves.append([tf.cast(t, dtype) if c else t
-                                   for t, c in zip(leaves, cast)])
-
-  # ---- the stage functions -----------------------------------------------
-
-  def _ForwardFn(self, s: int) -> Callable[..., Any]:
-    def Forward(theta_leaves, x):
-      return self._Cell(s, list(theta_leaves), list(x))
-    Forward.__name__ = f'cell_{s}_forward'
-    return Forward
-
-  def _BackwardFn(self, s: int, device: str,
-                  input_gradient: bool = True) -> Callable[..., Any]:
-    """B(s, m)'s call: (dx, acc + dtheta[, recomputed]); dx None if unwanted."""
-    stamp = stamps.Current() is not None
-
-    def Backward(theta_leaves, x, dy, acc, *clock):
-      theta_leaves, x = list(theta_leaves), list(x)
-      sources = x if input_gradient else []
-      tape = tf.GradientTape(watch_accessed_variables=False)
-      with tape, self._cells[s].NoStatUpdates():
-        tape.watch(_Floats(sources + theta_leaves))
-        y = self._Cell(s, theta_leaves, x)
-
-      def Grads():
-        dx, dtheta = residuals.Gradients(tape, y, list(dy), sources,
-                                         theta_leaves)
-        return ((dx if input_gradient else [None] * len(x)),
-                residuals.AddGradients(list(acc), dtheta))
-
-      if not stamp:
-        return Grads()
-      # Recording: the gradient ops start after the re-computation's stamp.
-      recomputed = stamps.Stamp(device, clock[0], y)
-      with tf.control_dependencies([recomputed]):
-        dx, dtheta = Grads()
-      return dx, dtheta, recomputed
-    Backward.__name__ = (f'cell_{s}_backward' if input_gradient else
-                         f'cell_{s}_backward_without_input_gradient')
-    return Backward
-
-  def _Cell(self, s: int, theta_leaves: List[tf.Tensor],
-            x: List[tf.Tensor]) -> List[tf.Tensor]:
-    """Stage s's cell on flat leaves; records its output structure."""
-    inputs = tf.nest.pack_sequence_as(self._structures[s], x)
-    try:
-      out = self._cells[s].FProp(
-          tf.nest.pack_sequence_as(self._thetas[s], theta_leaves), inputs)
-    except (ValueError, TypeError, tf.errors.InvalidArgumentError) as err:
-      source = ('the pipeline inputs' if s == 0 else
-                f"the output of partition {s - 1} ('cell_{s - 1}')")
-      raise ValueError(
-          f"PipeliningLayer '{self._layer.path}': partition {s} "
-          f"('cell_{s}') cannot take {source} of shapes {_Shapes(inputs)}: "
-          f'{_FirstLine(err)}') from err
-    self._structures[s + 1] = out
-    return hand_offs.CastFloats(tf.nest.flatten(out),
-                                self._layer.hand_off_dtype)
-
-  def _CheckBatch(self, s: int, m: int, x: Leaves, y: Leaves) -> None:
-    want = x[0].shape[self._axis]
-    for t in y:
-      if t.shape.rank is None or t.shape.rank <= self._axis or (
-          t.shape[self._axis] != want):
-        raise ValueError(
-            f"PipeliningLayer '{self._layer.path}': partition {s} "
-            f"('cell_{s}') returned shape {t.shape}; every output needs "
-            f'the micro-batch ({want}) on axis {self._axis}.')
-
-  def _PrepareInputGradient(self, leaves: Leaves) -> None:
-    if input_gradient.Separate(0 in self._split_cells, leaves):
-      device = self._devices[0]
-      self._backward_0_no_dx = stage_function.OnDevice(
-          self._BackwardFn(0, device, input_gradient=False), device)
-      self._input_gradient_fn = stage_function.OnDevice(
-          input_gradient.InputGradientBody(
-              lambda t, x: self._Cell(0, t, x), self._cells[0].NoStatUpdates),
-          device)
+    self._theta_leaves = self._calls.CastTheta(theta)
 
   # ---- StageOps: what each action computes --------------------------------
 
   def Forward(self, s: int, m: int, x: Leaves) -> Leaves:
     self._x[(s, m)] = x
-    if s not in self._split_cells:
-      return list(self._forward_fns[s](self._theta_leaves[s], x))
-    y, kept = self._split_cells[s].Forward(self._theta_leaves[s], x)
+    if s not in self._calls.kept:
+      return list(self._calls.forward[s](self._theta_leaves[s], x))
+    y, kept = self._calls.kept[s].Forward(self._theta_leaves[s], x)
     self._kept[(s, m)] = (list(y), list(kept))
     return list(y)
 
@@ -259,108 +139,87 @@ class PipelineRun:
     x = self._x.pop((s, m))
     y, kept = self._kept.pop((s, m))
     dy, carry = self._waiting.pop((s, m))
-    self._acc[s] = self._halves[s].Weight(self._theta_leaves[s], x, kept, dy,
-                                          y, carry, self._Zeros(s))
+    self._acc[s] = self._calls.halves[s].Weight(
+        self._theta_leaves[s], x, kept, dy, y, carry, self._Zeros(s))
     return list(self._acc[s])
 
   def Backward(self, s: int, m: int, dy: Leaves, clock: Optional[tf.Tensor]
                ) -> Tuple[Leaves, Leaves, Optional[tf.Tensor]]:
     """B(s, m) (pipeline_engine.StageOps)."""
     theta_leaves = self._theta_leaves[s]
-    if s in self._halves:  # B makes dx; W(s, m) the rest, later
+    if s in self._calls.halves:  # B makes dx; W(s, m) the rest, later
       y, kept = self._kept[(s, m)]
-      dx, carry = self._halves[s].Input(theta_leaves, self._x[(s, m)], kept,
-                                        dy, y)
+      dx, carry = self._calls.halves[s].Input(theta_leaves, self._x[(s, m)],
+                                              kept, dy, y)
       self._waiting[(s, m)] = (dy, carry)
       return list(dx), list(carry), None
     x = self._x.pop((s, m))
     acc = self._Zeros(s)
-    if s in self._split_cells:
+    if s in self._calls.kept:
       y, kept = self._kept.pop((s, m))
-      dx, sums = self._split_cells[s].Backward(theta_leaves, x, kept, dy, y,
-                                               acc)
+      dx, sums = self._calls.kept[s].Backward(theta_leaves, x, kept, dy, y,
+                                              acc)
       self._acc[s] = list(sums)
       return list(dx), list(sums), None
     # Re-computation starts once this device's previous action is done AND
     # dy is here (a data input of the call): otherwise the executor may
     # re-compute while stage s+1 is still busy and hold the activations.
     clock_args = [clock] if clock is not None else []
-    if s == 0 and self._input_gradient_fn is not None and (
-        input_gradient.IsStateful(self._input_gradient_fn, theta_leaves, x,
-                                  dy)):
-      # A stateful call always runs: it would re-compute for nothing.
-      self._backward_0_no_dx = self._input_gradient_fn = None
-    if s == 0 and self._backward_0_no_dx is not None:
-      out = self._backward_0_no_dx(theta_leaves, x, dy, acc, *clock_args)
-      dx = self._input_gradient_fn(theta_leaves, x, dy)
-    else:
-      out = self._backward_fns[s](theta_leaves, x, dy, acc, *clock_args)
-      dx = out[0]
+    backward, dx_fn = (self._calls.Stage0(self._inputs, theta_leaves, x, dy)
+                       if s == 0 else (self._calls.backward[s], None))
+    out = backward(theta_leaves, x, dy, acc, *clock_args)
+    dx = out[0] if dx_fn is None else dx_fn(theta_leaves, x, dy)
     self._acc[s] = list(out[1])
     recomputed = out[2] if clock is not None else None
     return list(dx), list(out[1]), recomputed
 
-  def AllReduce(self, s: int, done: Callable[[Leaves], None]) -> None:
-    """A(s) (pipeline_engine.StageOps): stage s's sums over its copies.
-
-    In one pass (Train) by placed ops (all_reduce.Exchange): the replicas'
-    traces register their sums and the last builds everyone's, which
-    Train's gradient reads once every replica has run. Through FProp each
-    replica's backward runs inside its own gradient call, so its sums go
-    by the collective (all_reduce.Sum), matched by keys.
-    """
+  def _SumByExchange(self, s: int, done: Callable[[Leaves], None]) -> None:
+    """A(s) in one pass (Train): stage s's sums over its copies by placed
+    ops (all_reduce.Exchange): the replicas' traces register their sums
+    and the last builds everyone's, which Train's gradient reads once
+    every replica has run."""
     sums = self._Zeros(s)
-    key = (self._layer.path, self._kind, s)
     if not any(t is not None for t in sums):  # a stage with no weights
       done(list(sums))
       return
-    if self._kind == 'train':
-      graph = next(t for t in sums if t is not None).graph
-      self._exchanges[s] = all_reduce.ExchangeOf(
-          graph, key, self._replicas, self._mirror_devices[s])
-      self._exchanges[s].Add(self._replica, sums, done)
-      return
-    self._acc[s] = all_reduce.Sum(sums, self._mirror_devices[s],
-                                  self._devices[s], key)
-    done(list(self._acc[s]))
+    graph = next(t for t in sums if t is not None).graph
+    self._exchanges[s] = all_reduce.ExchangeOf(
+        graph, (self._path, 'train', s), self._replicas,
+        self._mirror_devices[s])
+    self._exchanges[s].Add(self._replica, sums, done)
+
+  def _SumByCollective(self, s: int, done: Callable[[Leaves], None]) -> None:
+    """A(s) in FProp's gradient: each replica's backward runs inside its
+    own gradient call, so its sums go by the collective (all_reduce.Sum),
+    matched by keys."""
+    sums = self._Zeros(s)
+    if any(t is not None for t in sums):  # else a stage with no weights
+      self._acc[s] = sums = all_reduce.Sum(
+          sums, self._mirror_devices[s], self._devices[s],
+          (self._path, 'fprop', s))
+    done(list(sums))
 
   def _StageSums(self) -> List[Leaves]:
     """Every stage's sums; a replicated stage's from its exchange."""
     for s, exchange in self._exchanges.items():
       if self._replica not in exchange.results:
         raise RuntimeError(
-            f"PipeliningLayer '{self._layer.path}': stage {s}'s all-reduce "
-            'is read before every replica was traced; read the gradients '
-            'after the last replica has run.')
+            f"{self._where}: stage {s}'s all-reduce is read before every "
+            'replica was traced; read the gradients after the last replica '
+            'has run.')
       self._acc[s] = exchange.results[self._replica]
     return self._acc
 
-  def _WithAllReduce(self, table: schedule.Schedule,
-                     kind: str) -> schedule.Schedule:
+  def _WithAllReduce(self, table: schedule.Schedule) -> schedule.Schedule:
     """`table`, with an A after each stage's last backward if replicated."""
     if self._replicas == 1:
       return table
-    self._kind = kind
     return schedule.WithAllReduce(table)
 
   def Loss(self, m: int, y: Leaves) -> Tuple[Leaves, Leaves]:
     """Micro-batch m's loss and d y, on the last device (Train)."""
-    return self._loss.Call(m, y, self._structures[self._s], self._head_theta)
-
-  def _SplitBackwards(self) -> None:
-    """B and W of every stage, for a table with W actions (zero bubble):
-    every stage must keep its activations (backward_split.py)."""
-    missing = [s for s in range(self._s) if s not in self._split_cells]
-    if missing:
-      raise ValueError(
-          f"PipeliningLayer '{self._layer.path}': a table that splits its "
-          f"backwards needs recompute='never' (stages {missing} re-compute); "
-          'set p.recompute.')
-    self._halves = {
-        s: backward_split.BackwardSplit(
-            cell, f'cell_{s}',
-            lambda fn, d=self._devices[s]: stage_function.OnDevice(fn, d))
-        for s, cell in self._split_cells.items()}
+    return self._loss.Call(m, y, self._calls.structures[self._s],
+                           self._head_theta)
 
   def _ArgDevices(self, num_in: int, sizes: Sequence[int]) -> List[str]:
     """The device of each argument of Call's and Train's Run: `num_in`
@@ -372,7 +231,7 @@ class PipelineRun:
 
   def Call(self, leaves: Leaves, table: schedule.Schedule) -> Any:
     """The pipeline's outputs for the whole batch; differentiable."""
-    self._PrepareInputGradient(leaves)
+    self._inputs = leaves
     num_in = len(leaves)
     sizes = [len(t) for t in self._theta_leaves]
 
@@ -385,7 +244,6 @@ class PipelineRun:
       flow = pipeline_engine.Flow(inputs=micro_batches.Split(
           list(args[:num_in]), self._m, self._axis, self._devices[0]))
       self._engine.Run(table.Only('F'), flow)
-      self._out_structure = self._structures[self._s]
       outputs = micro_batches.Concat(flow.outputs, self._axis,
                                      self._devices[-1])
 
@@ -397,8 +255,8 @@ class PipelineRun:
                for dy, y in zip(dys, outputs)]
         back = pipeline_engine.Flow(output_grads=micro_batches.Split(
             dys, self._m, self._axis, self._devices[-1]))
-        self._engine.Run(self._WithAllReduce(table.Only('B'), 'fprop'),
-                         back)
+        self._engine.Run(self._WithAllReduce(table.Only('B')), back,
+                         all_reduce=self._SumByCollective)
         dxs = micro_batches.Concat(back.input_grads, self._axis,
                                    self._devices[0])
         return dxs + [g for part in self._acc for g in part]
@@ -408,7 +266,8 @@ class PipelineRun:
     flat_out = Run(*leaves, *[x for t in self._theta_leaves for x in t])
     if not isinstance(flat_out, (list, tuple)):
       flat_out = [flat_out]
-    return tf.nest.pack_sequence_as(self._out_structure, list(flat_out))
+    return tf.nest.pack_sequence_as(self._calls.structures[self._s],
+                                    list(flat_out))
 
   # ---- one-pass training --------------------------------------------------
 
@@ -424,13 +283,13 @@ class PipelineRun:
     Only the loss is differentiable; its gradient reaches the inputs,
     every stage's theta and `head_theta`.
     """
-    self._PrepareInputGradient(leaves)
+    self._inputs = leaves
     if table.split_backward:
-      self._SplitBackwards()
+      self._calls.SplitBackwards()
     last = self._devices[-1]
     side = [tf.convert_to_tensor(t) for t in tf.nest.flatten(batch)]
     self._loss = pipeline_loss.LossHead(
-        f"PipeliningLayer '{self._layer.path}'", head, head_theta,
+        self._where, head, head_theta,
         micro_batches.Split(side, self._m, self._axis, last), batch,
         total_weight, last,
         lambda fn: stage_function.OnDevice(fn, last),
@@ -447,17 +306,17 @@ class PipelineRun:
       self._head_theta = list(args[len(args) - num_head:])
       flow = pipeline_engine.Flow(inputs=micro_batches.Split(
           list(args[:num_in]), self._m, self._axis, self._devices[0]))
-      self._engine.Run(self._WithAllReduce(table, 'train'), flow,
-                       with_loss=True)
+      self._engine.Run(self._WithAllReduce(table), flow, with_loss=True,
+                       all_reduce=self._SumByExchange)
       loss, metrics = self._loss.Combine(self._m)
       dxs = micro_batches.Concat(flow.input_grads, self._axis, self._devices[0])
 
       def Grad(dloss, *unused_metric_grads, variables=None):
         if variables:
           raise ValueError(
-              f"PipeliningLayer '{self._layer.path}': the loss head reads "
-              f'variables {[v.name for v in variables]} directly; pass '
-              'them in its head_theta.')
+              f'{self._where}: the loss head reads variables '
+              f'{[v.name for v in variables]} directly; pass them in its '
+              'head_theta.')
         # Read here, not above: the replicas' all-reduces are built when
         # the last replica is traced (AllReduce).
         grads = (dxs + [g for part in self._StageSums() for g in part] +

@@ -50,9 +50,9 @@ every figure that depends on the order comes from there.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import (Callable, Dict, Iterable, List, Optional, Sequence,
+                    Tuple)
 
-SCHEDULES = ('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1')
 PHASES = ('F', 'B', 'W')
 ALL_REDUCE = 'A'
 
@@ -83,6 +83,10 @@ class Schedule:
   num_micro_batches: int
   stage_devices: Tuple[int, ...]
   order: Tuple[Tuple[Action, ...], ...]
+  # Whether its backwards were split after its generator made it
+  # (SplitBackwards), as a zero-bubble table's, split by its generator,
+  # are not.
+  split_in_place: bool = False
 
   @property
   def num_stages(self) -> int:
@@ -96,12 +100,6 @@ class Schedule:
   def split_backward(self) -> bool:
     """Whether backwards are split: B makes d inputs, W d variables."""
     return any(a.phase == 'W' for row in self.order for a in row)
-
-  @property
-  def split_in_place(self) -> bool:
-    """Whether its backwards were split after the generator made it
-    (SplitBackwards), as ZB-H1's, which splits them itself, are not."""
-    return self.split_backward and self.name != 'zb_h1'
 
   def StagesOf(self, device: int) -> List[int]:
     return [s for s, d in enumerate(self.stage_devices) if d == device]
@@ -140,14 +138,18 @@ def LoopedStageDevices(num_devices: int,
 
 
 def GPipe(num_devices: int, num_micro_batches: int,
-          num_virtual_stages: int = 1) -> Schedule:
+          num_virtual_stages: int = 1,
+          stage_devices: Optional[Sequence[int]] = None) -> Schedule:
   """Every forward, then every backward (module docstring).
 
   Forwards in order of the clock tick s + m (then stage), backwards in
-  the reverse of that order: with V = 1, F(k, m) at tick k + m.
+  the reverse of that order: with V = 1, F(k, m) at tick k + m. Stages
+  on `stage_devices` (default: stage s on device s mod K), so any
+  schedule's placement has a GPipe order (FProp's).
   """
   _Check(num_devices, num_micro_batches, num_virtual_stages)
-  stage_devices = LoopedStageDevices(num_devices, num_virtual_stages)
+  stage_devices = tuple(stage_devices if stage_devices is not None else
+                        LoopedStageDevices(num_devices, num_virtual_stages))
   order = []
   for d in range(num_devices):
     fwd = sorted(((s + m, s, m) for s in range(len(stage_devices))
@@ -197,11 +199,6 @@ def Interleaved1F1B(num_devices: int, num_micro_batches: int,
   """
   _Check(num_devices, num_micro_batches, num_virtual_stages)
   k, m_total, v = num_devices, num_micro_batches, num_virtual_stages
-  if m_total % k:
-    options = sorted({k * max(1, m_total // k), k * (m_total // k + 1)})
-    raise ValueError(
-        f"Schedule 'interleaved_1f1b' needs M a multiple of K: M={m_total}, "
-        f'K={k}; use M = {" or ".join(map(str, options))}.')
 
   def Nth(i: int, phase: str, d: int) -> Action:
     group, within = divmod(i, k * v)
@@ -256,42 +253,73 @@ def SplitBackwards(table: Schedule) -> Schedule:
   splits its backwards is returned as it is."""
   if table.split_backward:
     return table
-  return dataclasses.replace(table, order=tuple(
+  return dataclasses.replace(table, split_in_place=True, order=tuple(
       tuple(x for a in row for x in (
           (a, Action('W', a.stage, a.micro_batch)) if a.phase == 'B'
           else (a,)))
       for row in table.order))
 
 
-def Make(name: str, num_devices: int, num_micro_batches: int,
-         num_virtual_stages: int = 1,
-         split_backward: bool = False) -> Schedule:
-  """The table of schedule `name` (one of SCHEDULES), validated; with
-  `split_backward`, each B followed by its W (SplitBackwards)."""
-  if name == 'gpipe':
-    table = GPipe(num_devices, num_micro_batches, num_virtual_stages)
-  elif name == '1f1b':
-    if num_virtual_stages != 1:
-      raise ValueError(
-          f"Schedule '1f1b' runs one stage per device, got "
-          f"num_virtual_stages={num_virtual_stages}; use "
-          "'interleaved_1f1b' for more.")
-    table = OneFOneB(num_devices, num_micro_batches)
-  elif name == 'zb_h1':
-    if num_virtual_stages != 1:
-      raise ValueError(
-          f"Schedule 'zb_h1' runs one stage per device, got "
-          f'num_virtual_stages={num_virtual_stages}.')
-    table = ZeroBubbleH1(num_devices, num_micro_batches)
-  elif name == 'interleaved_1f1b':
-    table = Interleaved1F1B(num_devices, num_micro_batches,
-                            num_virtual_stages)
-  else:
-    raise ValueError(f'Unknown schedule {name!r}; use one of {SCHEDULES}.')
-  if split_backward:
-    table = SplitBackwards(table)
-  Validate(table)
-  return table
+# ---- definitions: each schedule with the rules its tables need ------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Definition:
+  """A schedule: its generator, its placement and the rules it needs.
+
+  `make(K, M, V)` returns the table (Make validates it); `placement(K, V)`
+  the device of each of the K x V stages, known before M (a layer places
+  its variables at construction). The rules, checked by `Check` with one
+  line naming the schedule, the rule and what to set:
+
+    stages_per_device   (least, most) V; most None: any
+    splits_backward     its tables split each backward in B and W, which
+                        needs every stage's activations (recompute 'never')
+    m_multiple_of_k     M a multiple of K
+    least_micro_batches M >= this function of K (e.g. K)
+
+  `searched`: its table is searched from costs (unit costs here; the
+  planner searches with measured ones and writes a file).
+
+  A table read from a file (`schedule_file.Definition`) fixes K, S and M:
+  `num_devices`, `num_stages` and `num_micro_batches` are then set.
+  """
+  name: str
+  make: Callable[[int, int, int], 'Schedule']
+  summary: str
+  placement: Callable[[int, int], Tuple[int, ...]] = (
+      lambda k, v: LoopedStageDevices(k, v))
+  stages_per_device: Tuple[int, Optional[int]] = (1, 1)
+  splits_backward: bool = False
+  m_multiple_of_k: bool = False
+  least_micro_batches: Callable[[int], int] = lambda k: 1
+  searched: bool = False
+  num_devices: Optional[int] = None
+  num_stages: Optional[int] = None
+  num_micro_batches: Optional[int] = None
+
+  def NumDevices(self, num_stages: int, num_virtual_stages: int) -> int:
+    """K for S stages, V a device (a file's own K)."""
+    if self.num_devices is not None:
+      return self.num_devices
+    return num_stages // max(num_virtual_stages, 1)
+
+
+_DEFINED: Dict[str, Definition] = {}
+
+
+def Register(definition: Definition) -> Definition:
+  """Makes `definition` known by its name (p.schedule; registry.py lists
+  and checks every one); a second definition of the same name replaces
+  the first."""
+  _DEFINED[definition.name] = definition
+  return definition
+
+
+def Defined() -> Dict[str, Definition]:
+  """Every registered definition by name, in registration order (the
+  registry imports the schedules defined in other files first)."""
+  return dict(_DEFINED)
 
 
 def WithAllReduce(table: Schedule) -> Schedule:
@@ -569,3 +597,21 @@ def Timeline(table: Schedule) -> str:
   return '\n'.join(
       f'dev {d}: ' + ' '.join(c.ljust(width) for c in row).rstrip()
       for d, row in enumerate(cells))
+
+
+# ---- the schedules defined here --------------------------------------------
+
+Register(Definition(
+    'gpipe', GPipe, 'every forward, then every backward',
+    stages_per_device=(1, None)))
+Register(Definition(
+    '1f1b', lambda k, m, v: OneFOneB(k, m),
+    'K-1-d forwards, then one forward and one backward in turn'))
+Register(Definition(
+    'interleaved_1f1b', Interleaved1F1B,
+    '1F1B over V stages a device (stage s on device s mod K)',
+    stages_per_device=(2, None), m_multiple_of_k=True))
+Register(Definition(
+    'zb_h1', lambda k, m, v: ZeroBubbleH1(k, m),
+    "1F1B with each backward split in B and W, W's filling the bubble",
+    splits_backward=True))

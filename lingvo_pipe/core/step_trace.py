@@ -45,6 +45,7 @@ from xml.sax import saxutils
 import tensorflow as tf
 
 from lingvo_pipe.core import schedule
+from lingvo_pipe.core.schedules import registry
 from lingvo_pipe.core import stamps
 from lingvo_pipe.core import timeline
 
@@ -296,14 +297,16 @@ def _MultiStage(trace: StepTrace) -> Dict[str, bool]:
 
 
 def _Named(table: schedule.Schedule) -> schedule.Schedule:
-  """`table` named after the generator (schedule.Make) that makes it,
-  its backwards split or not."""
+  """`table` named after the registered generator (registry.Make) that
+  makes it, its backwards split or not."""
   k, s = table.num_devices, table.num_stages
   if not k or s % k:
     return table
-  for name in schedule.SCHEDULES:
+  for name in registry.Names():
+    if registry.Lookup(name).searched:
+      continue
     try:
-      made = schedule.Make(name, k, table.num_micro_batches, s // k,
+      made = registry.Make(name, k, table.num_micro_batches, s // k,
                            split_backward=table.split_backward)
     except ValueError:
       continue
@@ -319,8 +322,7 @@ def _Shape(trace: StepTrace, layer: str) -> str:
   table = trace.Table(layer)
   k, s = table.num_devices, table.num_stages
   v = f' V={s // k}' if s > k else ''
-  split = (', backwards split' if table.split_in_place and
-           table.name in schedule.SCHEDULES else '')
+  split = ', backwards split' if table.split_in_place else ''
   return (f'K={k}{v} M={table.num_micro_batches}, {table.name} '
           f'schedule{split}')
 

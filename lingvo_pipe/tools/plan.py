@@ -2,7 +2,7 @@
 
   python -m lingvo_pipe.tools.plan --model=image.synthetic.AmoebaNetTinyGPipe
       [--num_partitions=K] [--num_micro_batches=M] [--memory_budget=2GiB]
-      [--schedule=gpipe|1f1b|interleaved_1f1b|zb_h1] [--num_virtual_stages=V]
+      [--schedule=NAME|table.csv|auto] [--num_virtual_stages=V]
       [--split_backward]
       [--num_devices=N] [--recompute=always|except_last|never]
       [--cores=0,1]
@@ -89,6 +89,8 @@ tf = quiet.ImportTensorFlow()
 from lingvo_pipe.core import cluster  # noqa: E402
 from lingvo_pipe.core import devices as devices_lib  # noqa: E402
 from lingvo_pipe.core import model_registry  # noqa: E402
+from lingvo_pipe.core import schedule_file  # noqa: E402
+from lingvo_pipe.core.schedules import registry  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 from lingvo_pipe.tools import model_pipeline  # noqa: E402
 from lingvo_pipe.tools import plan_search  # noqa: E402
@@ -232,7 +234,10 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
   """Measures and plans `pipe`; 0 for K or M, '' for the schedule
   suggests it; `cores` as Refine's."""
   recompute = recompute or pipe.recompute
-  step_model.CheckRecompute(schedule_name, recompute)
+  if schedule_name:  # the schedule's own rules, recompute's among them
+    registry.Check(schedule_name, registry.Lookup(schedule_name).num_stages
+                   or num_virtual_stages * max(num_partitions, 1), None,
+                   num_virtual_stages, recompute)
   if split_backward and (not schedule_name or recompute != 'never'):
     raise ValueError(
         f"--split_backward goes with --schedule and recompute 'never' (got "
@@ -292,8 +297,8 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
                       choices=['', 'always', 'except_last', 'never'],
                       help="Recompute mode; empty: the model's.")
   parser.add_argument('--schedule', default='',
-                      choices=[''] + list(step_model.SCHEDULES),
-                      help='The table the pipeline runs; empty: the '
+                      help='The table the pipeline runs (a registered '
+                      "schedule, or a table's .csv file); empty: the "
                       'fastest that fits, ties to the one holding less.')
   parser.add_argument('--num_virtual_stages', type=int, default=1,
                       help='V, stages per device (interleaved_1f1b, or '
@@ -303,6 +308,10 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
                       'backward as B, the input gradient, then W '
                       '(PipeliningLayer.split_backward). Without '
                       "--schedule, recompute 'never' compares both.")
+  parser.add_argument('--schedule_csv', default='schedule_auto.csv',
+                      help='With --schedule=auto: where to write the table '
+                      'searched from the measured costs, for the trainer '
+                      "(task.network.schedule : PATH).")
   parser.add_argument('--num_timing_runs', type=int, default=5)
   parser.add_argument('--cores', default='',
                       help='For worker processes pinned to this host\'s '
@@ -329,22 +338,47 @@ def Main(argv: Sequence[str]) -> str:
         f'--num_partitions={args.num_partitions} but --cores={args.cores} '
         f'gives {len(cores)}: give one core per partition.')
   pipe = model_pipeline.FromRegistry(args.model, args.model_params_override)
-  return str(PlanModel(pipe, args.num_partitions, args.num_micro_batches,
-                       budget, args.num_devices, args.recompute,
-                       args.num_timing_runs, cores, args.schedule,
-                       args.num_virtual_stages, args.split_backward))
+  result = PlanModel(pipe, args.num_partitions, args.num_micro_batches,
+                     budget, args.num_devices, args.recompute,
+                     args.num_timing_runs, cores, args.schedule,
+                     args.num_virtual_stages, args.split_backward)
+  if args.schedule and registry.Lookup(args.schedule).searched:
+    return str(result) + '\n' + Searched(result, args.schedule_csv)
+  return str(result)
+
+
+def Searched(result: plan_search.PlanResult, path: str) -> str:
+  """Writes `result`'s searched table to `path` (schedule_file.Dump) and
+  says how it compares with every named schedule on the same split and
+  costs (plan_search.InLayout)."""
+  schedule_file.Dump(result.table, path)
+  v = result.layout.num_virtual_stages
+  lines = [f'Searched table written to {path} (K={result.num_devices} '
+           f'M={result.num_micro_batches}); train with it: '
+           f'--model_params_override="task.network.schedule : '
+           f'{os.path.abspath(path)}"',
+           f'  {result.layout.schedule_name}: step {result.step_s:.3f} s, '
+           f'bubble {result.idle:.1%}, holding '
+           f'{plan_search.Bytes(result.peak_bytes)} on the fullest device']
+  for layout in plan_search.Layouts('', v, result.recompute):
+    if not layout.HasTable(result.num_devices, result.num_micro_batches):
+      continue
+    other = plan_search.InLayout(result, layout)
+    held = plan_search.Bytes(other.peak_bytes)
+    lines.append(f'  {layout}: step {other.step_s:.3f} s, bubble '
+                 f'{other.idle:.1%}, holding {held}')
+  return '\n'.join(lines)
 
 
 def _CheckSchedule(name: str, v: int) -> None:
+  """--schedule's V rule (its definition's), before anything is measured."""
   if v < 1:
     raise ValueError(f'--num_virtual_stages={v}; use 1 or more.')
-  if name == 'interleaved_1f1b' and v < 2:
-    raise ValueError('--schedule=interleaved_1f1b runs V >= 2 stages per '
-                     'device; give --num_virtual_stages=2 or more.')
-  if name in ('1f1b', 'zb_h1') and v > 1:
-    raise ValueError(f'--schedule={name} runs one stage per device, got '
-                     f'--num_virtual_stages={v}; use '
-                     '--schedule=interleaved_1f1b.')
+  if name and registry.Lookup(name).num_devices is None:
+    try:
+      registry.Check(name, v, None, v)  # one device of V stages
+    except ValueError as err:
+      raise ValueError(f'--schedule={name}: {err}') from None
 
 
 def _Cores(text: str) -> Optional[List[int]]:

@@ -16,6 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lingvo_pipe.core import partitioner
 from lingvo_pipe.core import schedule
+from lingvo_pipe.core import schedule_search
+from lingvo_pipe.core.schedules import registry
 from lingvo_pipe.tools import budget_split
 from lingvo_pipe.tools import layer_profile
 from lingvo_pipe.tools import step_model
@@ -79,6 +81,9 @@ class PlanResult:
   # R > 1 replicas: the exchange, and each stage's all-reduce (A action).
   exchange: Exchange = Exchange()
   all_reduce_s: List[float] = dataclasses.field(default_factory=list)
+  # The table predicted (for a searched schedule, the one found with
+  # these costs: plan writes it as a .csv file).
+  table: Optional[schedule.Schedule] = None
 
   @property
   def num_partitions(self) -> int:
@@ -255,6 +260,14 @@ def Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
   hops = [transfer.Seconds(profiles[b - 1].output_bytes)
           if devs[i] != devs[i + 1] else 0.0
           for i, b in enumerate(bounds[1:-1])]
+  if registry.Lookup(layout.schedule_name).searched:
+    # The table searched with these costs (the stages' costs do not
+    # depend on the order; what they hold does: predicted again).
+    table = schedule_search.Search(
+        devs, m, [p.forward_s for p in parts], [p.backward_s for p in parts],
+        [p.weight_s for p in parts], hops, name=layout.schedule_name)
+    parts = step_model.Predict(profiles, bounds, m, recompute,
+                               layout.schedule_name, v, table=table)
   all_reduce = [exchange.Seconds(sum(p.param_bytes for p in profiles[a:b]))
                 for a, b in zip(bounds, bounds[1:])]
   replicated = exchange.num_replicas > 1
@@ -271,7 +284,7 @@ def Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
       transfer=transfer, hop_s=hops, layout=layout,
       devices=step_model.PredictDevices(parts, table),
       busy_s=list(sim.busy), exchange=exchange,
-      all_reduce_s=all_reduce if replicated else [])
+      all_reduce_s=all_reduce if replicated else [], table=table)
 
 
 def InLayout(result: PlanResult, layout: Layout) -> PlanResult:
@@ -315,18 +328,31 @@ def Divisors(n: int) -> List[int]:
 def Layouts(schedule_name: str = '', num_virtual_stages: int = 1,
             recompute: str = '', split_backward: bool = False
             ) -> List[Layout]:
-  """The schedules to compare: the given one, else GPipe and 1F1B (with
-  V > 1: GPipe and interleaved 1F1B, V stages per device); where every
-  stage keeps its activations (recompute 'never') each also with its
-  backwards split, and ZB-H1 (V = 1)."""
+  """The schedules to compare: the given one, else every registered
+  schedule whose rules allow V stages a device and the recompute mode
+  (registry.Check); where every stage keeps its activations (recompute
+  'never') each that does not split its backwards itself also with them
+  split. Schedules searched from costs (schedule.Definition.searched) are
+  left to `plan --schedule=auto`."""
   v = num_virtual_stages
   if schedule_name:
     return [Layout(schedule_name, v, split_backward)]
-  names = ('gpipe', '1f1b') if v == 1 else ('gpipe', 'interleaved_1f1b')
-  splits = (False, True) if recompute == 'never' else (False,)
-  zero_bubble = [Layout('zb_h1')] if recompute == 'never' and v == 1 else []
-  return [Layout(name, v, split) for split in splits
-          for name in names] + zero_bubble
+  whole, split = [], []
+  for name in registry.Names():
+    defn = registry.Lookup(name)
+    try:
+      registry.Check(name, v, None, v, recompute or 'never')
+    except ValueError:
+      continue
+    if defn.searched:
+      continue
+    whole.append(Layout(name, v))
+    if recompute == 'never' and not defn.splits_backward:
+      split.append(Layout(name, v, True))
+  return ([x for x in whole if not registry.Lookup(x.schedule_name)
+           .splits_backward] + split +
+          [x for x in whole if registry.Lookup(x.schedule_name)
+           .splits_backward])
 
 
 def _Candidates(name: str, profiles_by_m: Dict[int, List[Profile]],

@@ -1,20 +1,21 @@
 """Predicted time and memory of one PipeliningLayer training step.
 
 From measured per-layer costs (`layer_profile.LayerProfile`) and a split
-into S stages (K devices, V stages each, stage s on device s mod K), per
-stage s and micro-batch:
+into S stages (K devices, V stages each, placed as the schedule's table
+places them), per stage s and micro-batch:
 
   F_s  = sum of its layers' forward_s
   B_s  = sum of its layers' backward_s, + F_s if it re-computes its forward
          (recompute 'always'; 'except_last' for all but the last)
 
-and in a table that splits its backwards ('zb_h1', recompute 'never'),
+and in a table that splits its backwards (a zero-bubble schedule, or
+split_backward; recompute 'never'),
 B_s and G_s, the input-gradient and the weight-gradient half as that
 table's B and W run them, each measured (layer_profile's
 input_backward_s and weight_backward_s).
 
-Step time is the end of the schedule's table (schedule.Make: 'gpipe',
-'1f1b', 'interleaved_1f1b', 'zb_h1') run with these costs by
+Step time is the end of the schedule's table (registry.Make: any
+registered schedule, or a .csv table) run with these costs by
 `schedule.Simulate`:
 each action starts when its device's previous action and the actions it
 reads are done (the pipeline's control dependencies, pipeline_engine.py).
@@ -124,12 +125,12 @@ import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from lingvo_pipe.core import schedule
+from lingvo_pipe.core.schedules import registry
 from lingvo_pipe.tools import layer_profile
 
 Profile = layer_profile.LayerProfile
 # The schedules this model knows: F and B (and W) per stage and micro-batch,
 # each micro-batch held from F(s, m) through its last backward action.
-SCHEDULES = schedule.SCHEDULES
 # During one action: (inputs held, micro-batches in flight, micro-batches
 # between B and W, 1 if the running sum of the gradients exists, 'B' or 'W'
 # if the action is one of this stage's backwards, else '').
@@ -210,7 +211,7 @@ class Layout:
             (', split' if self.split_backward else ''))
 
   def Table(self, num_devices: int, m: int) -> schedule.Schedule:
-    """schedule.Make's table; raises its one-line ValueError."""
+    """registry.Make's table; raises its one-line ValueError."""
     return MakeTable(self.schedule_name,
                      num_devices * self.num_virtual_stages, m,
                      self.num_virtual_stages,
@@ -231,35 +232,17 @@ def KeepsActivations(recompute: str, k: int, num_partitions: int) -> bool:
                                   k == num_partitions - 1)
 
 
-def CheckRecompute(schedule_name: str, recompute: str) -> None:
-  """One line if the schedule cannot run in this recompute mode."""
-  if schedule_name == 'zb_h1' and recompute not in ('', 'never'):
-    raise ValueError(
-        f"Schedule 'zb_h1' keeps every stage's activations, not "
-        f"recompute={recompute!r}; use recompute='never' or another "
-        'schedule.')
-
-
 def MakeTable(schedule_name: str, num_stages: int, num_micro_batches: int,
               num_virtual_stages: int = 1, recompute: str = '',
               split_backward: bool = False) -> schedule.Schedule:
-  """The table of S stages on S / V devices (schedule.Make); with
-  `recompute`, one a PipeliningLayer runs in that mode."""
-  if schedule_name not in SCHEDULES:
-    raise ValueError(f'The planner models the schedules {SCHEDULES}, not '
-                     f'{schedule_name!r}; use one of those.')
-  CheckRecompute(schedule_name, recompute)
-  if split_backward and recompute not in ('', 'never'):
-    raise ValueError(
-        f'Split backwards need every stage to keep its activations, not '
-        f"recompute={recompute!r}; use recompute='never'.")
-  v = num_virtual_stages
-  if v < 1 or num_stages % v:
-    raise ValueError(
-        f'num_virtual_stages={v} must divide the {num_stages} stages '
-        '(K = stages / V devices); change V or the split.')
-  return schedule.Make(schedule_name, num_stages // v, num_micro_batches, v,
-                       split_backward=split_backward)
+  """The table of S stages (registry.Make), checked by the schedule's own
+  rules (registry.Check); with `recompute`, one a PipeliningLayer runs in
+  that mode ('' skips that rule)."""
+  k = registry.Check(schedule_name, num_stages, num_micro_batches,
+                     num_virtual_stages, recompute or 'never',
+                     split_backward)
+  return registry.Make(schedule_name, k, num_micro_batches,
+                       num_virtual_stages, split_backward=split_backward)
 
 
 # ---- what each stage holds -------------------------------------------------
@@ -431,12 +414,15 @@ def _Or(measured: Optional[int], otherwise: int) -> int:
 def Predict(profiles: Sequence[Profile], bounds: Sequence[int],
             num_micro_batches: int, recompute: str = 'always',
             schedule_name: str = 'gpipe', num_virtual_stages: int = 1,
-            split_backward: bool = False) -> List[PartitionPrediction]:
+            split_backward: bool = False,
+            table: Optional[schedule.Schedule] = None
+            ) -> List[PartitionPrediction]:
   """Per stage of the split `bounds` (MinMaxPartition's form), in the
-  schedule's table."""
+  schedule's table (or `table`, one searched from costs)."""
   s_total = len(bounds) - 1
-  table = MakeTable(schedule_name, s_total, num_micro_batches,
-                    num_virtual_stages, recompute, split_backward)
+  if table is None:
+    table = MakeTable(schedule_name, s_total, num_micro_batches,
+                      num_virtual_stages, recompute, split_backward)
   states = StageStates(table)
   return [PredictPartition(profiles[a:b], num_micro_batches,
                            KeepsActivations(recompute, k, s_total),

@@ -68,8 +68,9 @@ class TransformerGPipeBase:
   NUM_PARTITIONS = 2
   NUM_MICRO_BATCHES = 4
   RECOMPUTE = 'always'
-  # The order of the actions in training (schedule.SCHEDULES), and V, the
-  # stages per device ('interleaved_1f1b': K x V cells).
+  # The order of the actions in training (schedules/registry.py's Names(),
+  # or a table's .csv file), and V, the stages per device (K x V cells:
+  # 2 or more for 'interleaved_1f1b', 2 for 'zb_v').
   SCHEDULE = 'gpipe'
   NUM_VIRTUAL_STAGES = 1
   # Training.

@@ -21,6 +21,9 @@ devices.SplitCpu(4)
 
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import normalization  # noqa: E402
+from lingvo_pipe.core import schedule  # noqa: E402
+from lingvo_pipe.core import schedule_file  # noqa: E402
+from lingvo_pipe.core.schedules import registry  # noqa: E402
 from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
 from tests.core import pipeline_testlib as lib  # noqa: E402
 
@@ -101,26 +104,43 @@ def _OnePassReference(variables, per_micro_batch, sum_orders):
 
 
 def _SumOrders(pipe, ref, m):
-  """id(reference var) -> micro-batches in its stage's backward order."""
+  """id(reference var) -> micro-batches in its stage's backward order (its
+  W's, where the table splits its backwards: W adds to the sum)."""
   table = pipe.Table(m)
+  phase = 'W' if table.split_backward else 'B'
   block_stage = {name: s for s, cell in enumerate(pipe.cells)
                  for name in cell.sub_names}
   orders = {}
   for block, named in lib.BlockVars(ref).items():
     stage = block_stage[block]
-    order = [a.micro_batch for a in table.Actions('B') if a.stage == stage]
+    order = [a.micro_batch for a in table.Actions(phase)
+             if a.stage == stage]
     for var in named.values():
       orders[id(var)] = order
   return orders
 
 
-_SCHEDULE_CASES = (
-    [(sched, k, 1, m, r) for sched in ('gpipe', '1f1b') for k in (1, 2, 3, 4)
-     for m in (1, 2, 4, 8) for r in gpipe.RECOMPUTE_MODES] +
-    [('interleaved_1f1b', k, v, m, r) for k, v in ((1, 2), (2, 2), (1, 4))
-     for m in (2, 4, 8) for r in gpipe.RECOMPUTE_MODES] +
-    [('zb_h1', k, 1, m, 'never') for k in (1, 2, 3, 4) for m in (1, 2, 4, 8)]
-    + [('gpipe', 2, 2, 4, 'always')])
+def _ScheduleCases():
+  """(schedule, K, V, M, recompute) for every registered schedule: each
+  (K, V) of at most NUM_LAYERS stages, M of 1, 2, 4 and 8 (three of them a
+  (K, V), taking turns) and each recompute mode its rules allow
+  (registry.Check), so a schedule that is registered joins the matrix."""
+  shapes = ((1, 1), (2, 1), (3, 1), (4, 1), (1, 2), (2, 2), (1, 4))
+  micro = (1, 2, 4, 8)
+  cases = []
+  for name in registry.Names():
+    for i, (k, v) in enumerate(shapes):
+      for m in micro[:i % 2] + micro[i % 2 + 1:]:
+        for recompute in gpipe.RECOMPUTE_MODES:
+          try:
+            registry.Check(name, k * v, m, v, recompute)
+          except ValueError:
+            continue
+          cases.append((name, k, v, m, recompute))
+  return cases
+
+
+_SCHEDULE_CASES = _ScheduleCases()
 
 
 class OnePassTest(tf.test.TestCase, parameterized.TestCase):
@@ -215,7 +235,10 @@ class OnePassTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.parameters(
       [((s, v), r) for s, v in (('gpipe', 1), ('1f1b', 1),
                                 ('interleaved_1f1b', 2))
-       for r in gpipe.RECOMPUTE_MODES] + [(('zb_h1', 1), 'never')])
+       for r in gpipe.RECOMPUTE_MODES] + [(('zb_h1', 1), 'never')] +
+      [(('looped_bfs', 2), r) for r in gpipe.RECOMPUTE_MODES] +
+      [((s, v), 'never') for s, v in (('zb_v', 2), ('interleaved_zb', 2),
+                                      ('auto', 1))])
   def testWithBatchNorm(self, sched_v, recompute):
     """Dropout and BatchNorm on: bitwise against the same split (BatchNorm
     normalises per micro-batch), each BatchNorm sees the batch once, and
@@ -244,7 +267,9 @@ class OnePassTest(tf.test.TestCase, parameterized.TestCase):
       ('1f1b', 2, 1, 4, 'always'), ('1f1b', 3, 1, 8, 'except_last'),
       ('1f1b', 4, 1, 2, 'never'), ('interleaved_1f1b', 2, 2, 4, 'always'),
       ('interleaved_1f1b', 2, 2, 2, 'never'), ('gpipe', 2, 1, 4, 'always'),
-      ('zb_h1', 2, 1, 4, 'never'), ('zb_h1', 4, 1, 8, 'never'))
+      ('zb_h1', 2, 1, 4, 'never'), ('zb_h1', 4, 1, 8, 'never'),
+      ('zb_v', 2, 2, 4, 'never'), ('interleaved_zb', 2, 2, 4, 'never'),
+      ('looped_bfs', 2, 2, 4, 'always'), ('auto', 2, 1, 4, 'never'))
   def testTracedStepMatchesSequential(self, sched, k, v, m, recompute):
     """In a tf.function (control dependencies, Grappler): still bitwise."""
     pipe = lib.Pipeline(k, m, recompute, sched, v, keep_prob=0.75)
@@ -312,6 +337,76 @@ class OnePassTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllClose(full_grads[id(rv)], grads[id(pv)], atol=1e-12,
                             rtol=0, msg=pv.name)
     self.assertEqual(built, set())
+
+
+def _OldestLast(num_devices, num_micro_batches, num_virtual_stages):
+  """A schedule that exists only in this file: GPipe's placement and
+  forwards, each device's backwards oldest micro-batch first (GPipe runs
+  them newest first)."""
+  table = schedule.GPipe(num_devices, num_micro_batches, num_virtual_stages)
+  order = []
+  for row in table.order:
+    forwards = [a for a in row if a.phase == 'F']
+    backwards = sorted((a for a in row if a.phase == 'B'),
+                       key=lambda a: (-a.stage, a.micro_batch))
+    order.append(tuple(forwards + backwards))
+  return schedule.Schedule('oldest_first', num_micro_batches,
+                           table.stage_devices, tuple(order))
+
+
+class NewScheduleTest(tf.test.TestCase, parameterized.TestCase):
+  """A new schedule is a new table and nothing else: one registered in this
+  file, and one read from a CSV file, train exactly."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    tf.config.experimental.enable_op_determinism()
+    schedule.Register(schedule.Definition(
+        'oldest_first', _OldestLast, 'test only: GPipe, oldest B first',
+        stages_per_device=(1, None)))
+
+  def _Exact(self, pipe, m):
+    ref = lib.Reference(keep_prob=0.75)
+    scale = tf.Variable(tf.random.stateless_normal([lib.DIM], [9, 9],
+                                                   dtype=tf.float64))
+    inputs = lib.Inputs()
+    loss, grads, _, _ = _OnePassGrads(pipe, scale, inputs)
+    ref_loss, ref_grads, _ = _OnePassReference(
+        ref.vars.Flatten() + [scale],
+        _MicroBatchReference(ref, scale, inputs, m), _SumOrders(pipe, ref, m))
+    self.assertAllEqual(ref_loss, loss)
+    pairs = lib.PairedVariables(pipe, ref) + [(scale, scale)]
+    for pv, rv in pairs:
+      self.assertAllEqual(ref_grads[id(rv)], grads[id(pv)], msg=pv.name)
+
+  @parameterized.parameters((2, 1, 'always'), (2, 2, 'never'),
+                            (1, 4, 'except_last'))
+  def testScheduleRegisteredInThisFile(self, k, v, recompute):
+    pipe = lib.Pipeline(k, 4, recompute, 'oldest_first', v, keep_prob=0.75)
+    table = pipe.Table(4)
+    self.assertEqual('oldest_first', table.name)
+    self.assertEqual([a.micro_batch for a in table.order[0]
+                      if a.phase == 'B' and a.stage == 0], [0, 1, 2, 3])
+    self._Exact(pipe, 4)
+
+  def testTableFromACsvFile(self):
+    """A hand-written V-shaped table on two devices with split backwards:
+    stages 0 and 3 on device 0, 1 and 2 on device 1."""
+    path = self.create_tempfile('mine.csv', content=(
+        '0F0,0F1,,,,,3F0,3I0,3W0,3F1,3I1,3W1,,,0I0,0W0,0I1,0W1\n'
+        ',,1F0,1F1,2F0,2F1,,,,,2I0,2W0,2I1,2W1,1I0,1I1,1W0,1W1\n'
+    )).full_path
+    pipe = lib.Pipeline(2, 2, 'never', path, 2, keep_prob=0.75)
+    self.assertEqual((0, 1, 1, 0), pipe.placement)
+    self.assertEqual(schedule_file.Load(path).order, pipe.Table(2).order)
+    for s, cell in enumerate(pipe.cells):
+      want = tf.DeviceSpec.from_string(pipe.devices[pipe.placement[s]])
+      for var in cell.vars.Flatten():
+        have = tf.DeviceSpec.from_string(var.device)
+        self.assertEqual((want.device_type, want.device_index),
+                         (have.device_type, have.device_index), var.name)
+    self._Exact(pipe, 2)
 
 
 if __name__ == '__main__':

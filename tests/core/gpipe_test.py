@@ -397,23 +397,33 @@ class ErrorTest(tf.test.TestCase):
     """One line each, at construction, saying what to change."""
     cells = self._Cells([3] * 5)  # four cells
     cases = [
-        (dict(schedule='zero'), r"'pipe': schedule='zero'; use one of "
-         r"\('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1'\)\.$"),
-        (dict(schedule='zb_h1'), r"schedule 'zb_h1' splits each backward .* "
-         r"needs recompute='never' and one stage per device, got "
-         r"recompute='always', num_virtual_stages=1\.$"),
-        (dict(schedule='interleaved_1f1b'), r"'interleaved_1f1b' needs "
+        (dict(schedule='zero'), r"'pipe': Unknown schedule 'zero'; use one "
+         r"of \('gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1', .*\) or a "
+         r"table's \.csv file\.$"),
+        (dict(schedule='zb_h1'), r"'pipe': Schedule 'zb_h1' splits each "
+         r"backward in B and W, which needs every stage's activations kept: "
+         r"set recompute='never' \(got 'always'\)\.$"),
+        (dict(schedule='zb_v', recompute='never'), r"'pipe': Schedule 'zb_v' "
+         r'runs 2 stages per device, got num_virtual_stages=1; set '
+         r'num_virtual_stages=2'),
+        (dict(schedule='interleaved_1f1b'), r"'interleaved_1f1b' runs 2 or "
+         r'more stages per device, got num_virtual_stages=1; set '
          r'num_virtual_stages >= 2'),
         (dict(num_virtual_stages=3), r'num_virtual_stages=3 must be a '
          r'positive divisor of the 4 cells'),
-        (dict(schedule='1f1b', num_virtual_stages=2), r"schedule '1f1b' "
+        (dict(schedule='1f1b', num_virtual_stages=2), r"Schedule '1f1b' "
          r'runs one stage per device'),
         (dict(schedule='interleaved_1f1b', num_virtual_stages=2,
               num_micro_batches=3), r"'pipe': Schedule 'interleaved_1f1b' "
-         r'needs M a multiple of K: M=3, K=2; use M = 2 or 4\.$'),
+         r'needs M a multiple of K: M=3, K=2; set num_micro_batches to 2 or '
+         r'4\.$'),
         (dict(schedule='1f1b', split_backward=True, recompute='except_last'),
-         r"'pipe': split_backward splits the kept activations' gradient: it "
-         r"needs recompute='never', got recompute='except_last'\.$"),
+         r"'pipe': Schedule '1f1b' with split_backward splits each backward, "
+         r"which needs every stage's activations kept: set "
+         r"recompute='never' \(got 'except_last'\)\.$"),
+        (dict(schedule='/no/such/table.csv'), r"'pipe': Schedule file "
+         r'/no/such/table\.csv: cannot read it \(No such file or '
+         r'directory\); give a path to a \.csv table\.$'),
         (dict(split_backward='yes', recompute='never'),
          r"'pipe': split_backward='yes'; use True or False\.$"),
     ]

@@ -21,6 +21,7 @@ from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
 from lingvo_pipe.core import partitioner  # noqa: E402
 from lingvo_pipe.core import schedule  # noqa: E402
+from lingvo_pipe.core.schedules import registry  # noqa: E402
 from lingvo_pipe.core import transformer_layers  # noqa: E402
 from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
 
@@ -275,7 +276,7 @@ class ReportTest(tf.test.TestCase, parameterized.TestCase):
         _Projections([4] * (len(costs) + 1)), len(costs), costs,
         num_micro_batches=m, schedule_name=name, num_virtual_stages=v)
     self.assertEqual(report.costs, costs)  # one layer per partition
-    self.assertEqual(report.Table(), schedule.Make(name, len(costs) // v, m,
+    self.assertEqual(report.Table(), registry.Make(name, len(costs) // v, m,
                                                    v))
     self.assertAlmostEqual(report.bubble_fraction, bubble)
     self.assertIn(head, str(report).splitlines()[0])
@@ -283,8 +284,8 @@ class ReportTest(tf.test.TestCase, parameterized.TestCase):
   def testScheduleErrorsBeforeMeasuring(self):
     ps = _Projections([4] * 4)
     with self.assertRaisesRegex(
-        ValueError, r'^PartitionSequentialLayers: num_virtual_stages=2 must '
-        'be a positive divisor of the 3 partitions'):
+        ValueError, r"^PartitionSequentialLayers: Schedule 'gpipe': "
+        'num_virtual_stages=2 must be a positive divisor of the 3 cells'):
       partitioner.PartitionWithReport(ps, 3, 'time', num_virtual_stages=2)
     with self.assertRaisesRegex(ValueError, 'needs M a multiple of K'):
       partitioner.PartitionSequentialLayers(
@@ -299,7 +300,7 @@ class ReportTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual(report.num_partitions, 4)
     # The costs' imbalance shows: more idle than a balanced split's 3/11.
     self.assertAlmostEqual(report.bubble_fraction, schedule.Simulate(
-        schedule.Make('gpipe', 4, 8), report.costs,
+        registry.Make('gpipe', 4, 8), report.costs,
         [2 * c for c in report.costs]).bubble)
     self.assertGreater(report.bubble_fraction, 3 / 11)
     layer_flops = [c for p in report.partitions for c in p.layer_costs]

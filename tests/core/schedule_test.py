@@ -8,6 +8,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from lingvo_pipe.core import schedule
+from lingvo_pipe.core.schedules import registry
 
 A = schedule.Action
 
@@ -60,6 +61,29 @@ def _Leading(name, k, d, m, v):
 class GeneratorTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
+      # ZB-V (schedules/zb_v.py): stages d and 2K-1-d on device d; the
+      # same table as torch.distributed.pipelining's ScheduleZBVZeroBubble
+      # writes for K=2, M=4 (schedule_file_test loads its CSV).
+      ('ZeroBubbleVK2M4', lambda: registry.Make('zb_v', 2, 4, 2),
+       (0, 1, 1, 0), (
+           'F0.0 F0.1 F0.2 F3.0 B3.0 W3.0 F3.1 B3.1 W3.1 F0.3 B0.0 W0.0 '
+           'F3.2 B3.2 W3.2 B0.1 W0.1 F3.3 B3.3 W3.3 B0.2 W0.2 B0.3 W0.3',
+           'F1.0 F2.0 F1.1 F2.1 B2.0 W2.0 F1.2 B1.0 W1.0 F2.2 B2.1 W2.1 '
+           'F1.3 B1.1 W1.1 F2.3 B2.2 W2.2 B1.2 B2.3 B1.3 W1.2 W2.3 W1.3')),
+      ('ZeroBubbleVK1M2', lambda: registry.Make('zb_v', 1, 2, 2), (0, 0), (
+          'F0.0 F1.0 B1.0 W1.0 F0.1 B0.0 W0.0 F1.1 B1.1 W1.1 B0.1 W0.1',)),
+      # Looped BFS (schedules/looped_bfs.py): a device's first stage for
+      # every micro-batch, then its next; backwards last stage first.
+      ('LoopedBFSK2V2M2', lambda: registry.Make('looped_bfs', 2, 2, 2),
+       (0, 1, 0, 1), (
+           'F0.0 F0.1 F2.0 F2.1 B2.1 B2.0 B0.1 B0.0',
+           'F1.0 F1.1 F3.0 F3.1 B3.1 B3.0 B1.1 B1.0')),
+      ('LoopedBFSK2V3M3', lambda: registry.Make('looped_bfs', 2, 3, 3),
+       (0, 1, 0, 1, 0, 1), (
+           'F0.0 F0.1 F0.2 F2.0 F2.1 F2.2 F4.0 F4.1 F4.2 '
+           'B4.2 B4.1 B4.0 B2.2 B2.1 B2.0 B0.2 B0.1 B0.0',
+           'F1.0 F1.1 F1.2 F3.0 F3.1 F3.2 F5.0 F5.1 F5.2 '
+           'B5.2 B5.1 B5.0 B3.2 B3.1 B3.0 B1.2 B1.1 B1.0')),
       ('GPipeK2M3', lambda: schedule.GPipe(2, 3), (0, 1), (
           'F0.0 F0.1 F0.2 B0.2 B0.1 B0.0',
           'F1.0 F1.1 F1.2 B1.2 B1.1 B1.0')),
@@ -109,16 +133,16 @@ class GeneratorTest(parameterized.TestCase):
            'F1.3 B1.1 F3.2 B3.2 F3.3 B3.3 B1.2 B1.3')),
       # Each B followed at once by its W; 1F1B's order otherwise.
       ('OneFOneBSplitK2M3',
-       lambda: schedule.Make('1f1b', 2, 3, split_backward=True), (0, 1), (
+       lambda: registry.Make('1f1b', 2, 3, split_backward=True), (0, 1), (
            'F0.0 F0.1 B0.0 W0.0 F0.2 B0.1 W0.1 B0.2 W0.2',
            'F1.0 B1.0 W1.0 F1.1 B1.1 W1.1 F1.2 B1.2 W1.2')),
       ('GPipeSplitK2M2',
-       lambda: schedule.Make('gpipe', 2, 2, split_backward=True), (0, 1), (
+       lambda: registry.Make('gpipe', 2, 2, split_backward=True), (0, 1), (
            'F0.0 F0.1 B0.1 W0.1 B0.0 W0.0',
            'F1.0 F1.1 B1.1 W1.1 B1.0 W1.0')),
       # ZB-H1 splits already: unchanged.
       ('ZeroBubbleSplitK2M4',
-       lambda: schedule.Make('zb_h1', 2, 4, split_backward=True), (0, 1), (
+       lambda: registry.Make('zb_h1', 2, 4, split_backward=True), (0, 1), (
            'F0.0 F0.1 B0.0 W0.0 F0.2 B0.1 W0.1 F0.3 B0.2 W0.2 B0.3 W0.3',
            'F1.0 B1.0 F1.1 B1.1 W1.0 F1.2 B1.2 W1.1 F1.3 B1.3 W1.2 W1.3')),
   )
@@ -131,7 +155,7 @@ class GeneratorTest(parameterized.TestCase):
   def testMakeNamesAndValidates(self):
     for name, k, m, v in _Cases():
       with self.subTest(name=name, k=k, m=m, v=v):
-        table = schedule.Make(name, k, m, v)
+        table = registry.Make(name, k, m, v)
         self.assertEqual(name, table.name)
         self.assertEqual(m, table.num_micro_batches)
         self.assertEqual(k, table.num_devices)
@@ -147,8 +171,8 @@ class GeneratorTest(parameterized.TestCase):
   def testSplitBackwardsHoldsWhatTheTableHeld(self):
     for name, k, m, v in _Cases():
       with self.subTest(name=name, k=k, m=m, v=v):
-        table = schedule.Make(name, k, m, v)
-        split = schedule.Make(name, k, m, v, split_backward=True)
+        table = registry.Make(name, k, m, v)
+        split = registry.Make(name, k, m, v, split_backward=True)
         self.assertEqual(name, split.name)
         self.assertTrue(split.split_backward)
         self.assertTrue(split.split_in_place)
@@ -162,12 +186,12 @@ class GeneratorTest(parameterized.TestCase):
         self.assertEqual(schedule.InFlight(table), schedule.InFlight(split))
 
   def testZeroBubbleSplitsItselfNotInPlace(self):
-    table = schedule.Make('zb_h1', 2, 4, split_backward=True)
+    table = registry.Make('zb_h1', 2, 4, split_backward=True)
     self.assertTrue(table.split_backward)
     self.assertFalse(table.split_in_place)
 
   def testRunOrderAfterForwards(self):
-    table = schedule.Make('1f1b', 3, 4)
+    table = registry.Make('1f1b', 3, 4)
     order = schedule.RunOrder(table.Only('B'), table.Actions('F'))
     self.assertLen(order, 12)
     self.assertEqual((2, A('B', 2, 0)), order[0])
@@ -219,19 +243,30 @@ class ValidateTest(parameterized.TestCase):
       schedule.Validate(table)
 
   @parameterized.named_parameters(
-      ('Unknown', lambda: schedule.Make('zero_bubble', 2, 4),
+      ('Unknown', lambda: registry.Make('zero_bubble', 2, 4),
        r"^Unknown schedule 'zero_bubble'; use one of \('gpipe', '1f1b', "
-       r"'interleaved_1f1b', 'zb_h1'\)\.$"),
-      ('ZeroBubbleV', lambda: schedule.Make('zb_h1', 2, 4, 2),
+       r"'interleaved_1f1b', 'zb_h1', .*\) or a table's \.csv file\.$"),
+      ('ZeroBubbleV', lambda: registry.Make('zb_h1', 2, 4, 2),
        r"^Schedule 'zb_h1' runs one stage per device, got "
-       r'num_virtual_stages=2\.$'),
-      ('InterleavedM', lambda: schedule.Make('interleaved_1f1b', 2, 5, 2),
+       r'num_virtual_stages=2; set num_virtual_stages=1 \(and as many '
+       r'times K cells\)\.$'),
+      ('InterleavedM', lambda: registry.Make('interleaved_1f1b', 2, 5, 2),
        r"^Schedule 'interleaved_1f1b' needs M a multiple of K: M=5, K=2; "
-       r'use M = 4 or 6\.$'),
-      ('OneFOneBV', lambda: schedule.Make('1f1b', 2, 4, 2),
+       r'set num_micro_batches to 4 or 6\.$'),
+      ('OneFOneBV', lambda: registry.Make('1f1b', 2, 4, 2),
        r"^Schedule '1f1b' runs one stage per device, got "
-       r"num_virtual_stages=2; use 'interleaved_1f1b' for more\.$"),
-      ('NoDevices', lambda: schedule.Make('gpipe', 0, 4),
+       r'num_virtual_stages=2; set num_virtual_stages=1 \(and as many '
+       r'times K cells\)\.$'),
+      ('InterleavedV', lambda: registry.Make('interleaved_1f1b', 2, 4, 1),
+       r"^Schedule 'interleaved_1f1b' runs 2 or more stages per device, "
+       r'got num_virtual_stages=1; set num_virtual_stages >= 2'),
+      ('ZbvV', lambda: registry.Make('zb_v', 2, 4, 3),
+       r"^Schedule 'zb_v' runs 2 stages per device, got "
+       r'num_virtual_stages=3; set num_virtual_stages=2 '),
+      ('WrongK', lambda: registry.Make('zb_v', 2, 4, 2) and registry.Make(
+          'gpipe', 2, 0),
+       r"^Schedule 'gpipe': M=0; set num_micro_batches >= 1\.$"),
+      ('NoDevices', lambda: registry.Make('gpipe', 0, 4),
        r'^A schedule needs K >= 1 devices, .* got K=0, M=4, V=1\.$'),
   )
   def testBadMake(self, make, regex):
@@ -284,7 +319,7 @@ class SimulateTest(absltest.TestCase):
   def testBubbleStepAndPeaks(self):
     for name, k, m, v in _Cases():
       with self.subTest(name=name, k=k, m=m, v=v):
-        table = schedule.Make(name, k, m, v)
+        table = registry.Make(name, k, m, v)
         sim = schedule.Simulate(table)
         # Every device runs M V forwards of 1 and backwards of 2.
         self.assertEqual((3.0 * m * v,) * k, sim.busy)
@@ -311,14 +346,14 @@ class SimulateTest(absltest.TestCase):
     F to W, and the validator wants every W."""
     for k in range(1, 6):
       for m in range(k, 13):
-        table = schedule.Make('zb_h1', k, m)
+        table = registry.Make('zb_h1', k, m)
         self.assertTrue(table.split_backward)
         sim = schedule.Simulate(table)
         self.assertAlmostEqual(sim.bubble, (k - 1) / (3 * m + k - 1),
                                msg=(k, m))
         self.assertLessEqual(max(sim.peak_in_flight), k, (k, m))
         self.assertEqual(sim.busy, (3.0 * m,) * k)
-    table = schedule.Make('zb_h1', 2, 2)
+    table = registry.Make('zb_h1', 2, 2)
     dropped = tuple(tuple(a for a in row if a != A('W', 1, 1))
                     for row in table.order)
     with self.assertRaisesRegex(ValueError, r'W\(stage 1, micro-batch 1\) '

@@ -29,6 +29,7 @@ from tensorflow.python.framework import config as tf_config  # noqa: E402
 from lingvo_pipe.core import gpipe  # noqa: E402
 from lingvo_pipe.core import layers  # noqa: E402
 from lingvo_pipe.core import schedule  # noqa: E402
+from lingvo_pipe.core.schedules import registry  # noqa: E402
 from lingvo_pipe.core import stamps  # noqa: E402
 from lingvo_pipe.core import step_trace  # noqa: E402
 from lingvo_pipe.core.nested_map import NestedMap  # noqa: E402
@@ -145,7 +146,7 @@ class StepTraceTest(parameterized.TestCase):
     self.assertEqual(trace.Devices('pipe'), layer.devices)
     recomputing = {'always': {0, 1}, 'never': set(),
                    'except_last': {0}}[recompute]
-    table = schedule.Make('gpipe', _K, _M)  # FProp's, then its gradient
+    table = registry.Make('gpipe', _K, _M)  # FProp's, then its gradient
     self._CheckSchedule(trace, 'pipe', table, layer.devices, recomputing)
     self.assertEqual(trace.Table('pipe'), table)
     busy = trace.BusyFractions('pipe')
@@ -278,10 +279,10 @@ class StepTraceTest(parameterized.TestCase):
       # all-reduce after its last backward.
       self.assertCountEqual(
           [t.action for t in mine],
-          schedule.WithAllReduce(schedule.Make('gpipe', 2, 2)).Actions())
+          schedule.WithAllReduce(registry.Make('gpipe', 2, 2)).Actions())
       for t in mine:
         self.assertEqual(t.device, devs[t.partition])
-    self.assertEqual(trace.Table('task/pipe'), schedule.Make('gpipe', 2, 2))
+    self.assertEqual(trace.Table('task/pipe'), registry.Make('gpipe', 2, 2))
     exposed = trace.ExposedAllReduce('task/pipe')
     self.assertLen(exposed, 4)
     self.assertTrue(all(0 <= e < 1 for e in exposed), exposed)
@@ -365,7 +366,7 @@ class StepTraceTest(parameterized.TestCase):
     traces = [tracer.Run() for _ in range(3)]
     self.assertLen(calls, 1)
     for trace in traces:
-      self._CheckSchedule(trace, 'pipe', schedule.Make('gpipe', _K, _M),
+      self._CheckSchedule(trace, 'pipe', registry.Make('gpipe', _K, _M),
                           layer.devices, {0, 1})
       self.assertEqual(min(t.start for t in trace.tasks), 0.0)
     # Each run is its own: the stamps are not the first run's again.

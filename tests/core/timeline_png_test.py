@@ -6,7 +6,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from lingvo_pipe.core import schedule
+from lingvo_pipe.core.schedules import registry
 from lingvo_pipe.core import step_trace
 from lingvo_pipe.core import timeline
 from lingvo_pipe.core import timeline_png
@@ -102,7 +102,7 @@ class TimelinePngTest(absltest.TestCase):
     self.assertTrue((picture[5:25] == 0).all(-1).any())
 
   def testTheTablesPictureHasEveryBoxAndTheIdleTime(self):
-    table = schedule.Make('1f1b', 2, 3)
+    table = registry.Make('1f1b', 2, 3)
     svg = timeline.ScheduleSvg(table, [_CPU.format(0), _CPU.format(1)])
     picture = timeline_png.SvgArray(svg)
     colours = {tuple(c) for c in picture.reshape(-1, 3)}

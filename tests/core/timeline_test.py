@@ -7,6 +7,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from lingvo_pipe.core import schedule
+from lingvo_pipe.core.schedules import registry
 from lingvo_pipe.core import timeline
 
 _NS = '{http://www.w3.org/2000/svg}'
@@ -93,7 +94,7 @@ class TimelineTest(parameterized.TestCase):
     self.assertIn('>1f1b schedule, K=2 partitions', svg)
 
   def testDeviceNamesAreShortAndEscaped(self):
-    svg = timeline.ScheduleSvg(schedule.Make('gpipe', 1, 1), ['<cpu&0>'])
+    svg = timeline.ScheduleSvg(registry.Make('gpipe', 1, 1), ['<cpu&0>'])
     self.assertIn('0: &lt;cpu&amp;0&gt;', svg)
     ET.fromstring(svg)
     self.assertEqual(timeline.ShortDeviceName(
@@ -105,7 +106,7 @@ class TimelineTest(parameterized.TestCase):
     with self.assertRaisesRegex(
         ValueError, 'got 1 device names for a table of 2 devices; pass one '
         'per device'):
-      timeline.ScheduleSvg(schedule.Make('interleaved_1f1b', 2, 4, 2),
+      timeline.ScheduleSvg(registry.Make('interleaved_1f1b', 2, 4, 2),
                            ['/cpu:0'])
 
 

@@ -23,7 +23,7 @@ devices.SplitCpu(4)
 import tensorflow as tf  # noqa: E402
 
 from lingvo_pipe.core import layers  # noqa: E402
-from lingvo_pipe.core import schedule  # noqa: E402
+from lingvo_pipe.core.schedules import registry  # noqa: E402
 from lingvo_pipe.tools import budget_split  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 from lingvo_pipe.tools import plan  # noqa: E402
@@ -65,7 +65,7 @@ def _Layer(i, fwd=1.0, b=1.0, w=1.0, carry=2):
 class HoldingTest(absltest.TestCase):
 
   def testMicroBatchesWaitFromTheirBToTheirW(self):
-    table = schedule.Make('zb_h1', 2, 4)
+    table = registry.Make('zb_h1', 2, 4)
     # Device 0: F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3. Device 1:
     # F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3. A micro-batch is in flight from
     # its F through its B, then waits for its W; an input of stage 1 is
@@ -219,29 +219,30 @@ class ErrorsTest(absltest.TestCase):
                                 r'its backwards needs each backward '
                                 r'measured in two halves; [^\n]*$'):
       step_model.Predict(whole, [0, 1, 2], 4, 'never', 'zb_h1')
-    with self.assertRaisesRegex(ValueError, r"^Schedule 'zb_h1' keeps every "
-                                r"stage's activations, not "
-                                r"recompute='always'; use "
-                                r"recompute='never' or another schedule\.$"):
+    with self.assertRaisesRegex(ValueError, r"^Schedule 'zb_h1' splits each "
+                                r'backward in B and W, which needs every '
+                                r"stage's activations kept: set "
+                                r"recompute='never' \(got 'always'\)\.$"):
       step_model.Predict([_Layer(0), _Layer(1)], [0, 1, 2], 4, 'always',
                          'zb_h1')
     model = '--model=image.synthetic.ResNetTinyGPipe'
-    with self.assertRaisesRegex(ValueError, r"^Schedule 'zb_h1' keeps every "
-                                r'stage'):
+    with self.assertRaisesRegex(ValueError, r"^Schedule 'zb_h1' splits each "
+                                r'backward'):
       plan.Main([model, '--schedule=zb_h1', '--recompute=always'])
-    with self.assertRaisesRegex(ValueError, r'^--schedule=zb_h1 runs one '
-                                r'stage per device, got '
-                                r'--num_virtual_stages=2; '):
+    with self.assertRaisesRegex(ValueError, r"^--schedule=zb_h1: Schedule "
+                                r"'zb_h1' runs one stage per device, got "
+                                r'num_virtual_stages=2; '):
       plan.Main([model, '--schedule=zb_h1', '--num_virtual_stages=2'])
     with self.assertRaisesRegex(ValueError, r"^--split_backward goes with "
                                 r"--schedule and recompute 'never' \(got "
                                 r"--schedule='1f1b', recompute='always'\)"):
       plan.Main([model, '--schedule=1f1b', '--split_backward',
                  '--recompute=always'])
-    with self.assertRaisesRegex(ValueError, r'^Split backwards need every '
-                                r'stage to keep its activations, not '
-                                r"recompute='always'; use "
-                                r"recompute='never'\.$"):
+    with self.assertRaisesRegex(ValueError, r"^Schedule '1f1b' with "
+                                r'split_backward splits each backward, '
+                                r"which needs every stage's activations "
+                                r"kept: set recompute='never' \(got "
+                                r"'always'\)\.$"):
       step_model.MakeTable('1f1b', 2, 4, 1, 'always', split_backward=True)
 
 

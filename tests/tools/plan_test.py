@@ -26,6 +26,7 @@ from lingvo_pipe.core import hyperparams  # noqa: E402
 from lingvo_pipe.core import model_registry  # noqa: E402
 from lingvo_pipe.core import partitioner  # noqa: E402
 from lingvo_pipe.core import schedule  # noqa: E402
+from lingvo_pipe.core.schedules import registry  # noqa: E402
 from lingvo_pipe.tools import budget_split  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
 from lingvo_pipe.tools import model_pipeline  # noqa: E402
@@ -255,8 +256,9 @@ class StepTimeTest(parameterized.TestCase):
         ('F', 1, 0): (1, 2), ('F', 1, 1): (2, 3), ('F', 3, 0): (3, 4),
         ('B', 3, 0): (4, 6), ('F', 3, 1): (6, 7), ('B', 3, 1): (7, 9),
         ('B', 1, 0): (9, 11), ('B', 1, 1): (11, 13)})
-    with self.assertRaisesRegex(ValueError, r'^num_virtual_stages=2 must '
-                                r'divide the 3 stages'):
+    with self.assertRaisesRegex(ValueError, r"^Schedule 'gpipe': "
+                                r'num_virtual_stages=2 must be a positive '
+                                r'divisor of the 3 cells'):
       step_model.StepSeconds([1] * 3, [2] * 3, 2, num_virtual_stages=2)
 
   def testFillAndDrain(self):
@@ -307,7 +309,7 @@ def _Flat(n, residual=3):
 class HoldingTest(parameterized.TestCase):
 
   def testOneFOneBCountsFromItsTable(self):
-    table = schedule.Make('1f1b', 2, 4)
+    table = registry.Make('1f1b', 2, 4)
     # Stage 0's inputs are slices of the batch, all 4 through the step;
     # at most 2 in flight. Stage 1 holds one micro-batch in flight, and
     # during each backward the next input too: it arrives while that
@@ -328,7 +330,7 @@ class HoldingTest(parameterized.TestCase):
     for k, m in ((1, 1), (2, 2), (2, 4), (3, 6), (4, 8), (4, 2)):
       if name == 'interleaved_1f1b' and m % k:
         continue
-      table = schedule.Make(name, k, m, v)
+      table = registry.Make(name, k, m, v)
       states = step_model.StageStates(table)
       self.assertEqual(
           tuple(max(x[1] + x[2] for x in stage) for stage in states),
@@ -363,7 +365,7 @@ class HoldingTest(parameterized.TestCase):
     #   (6 and 7 MiB) added up.
     parts = step_model.Predict(_Flat(2), [0, 1, 2], 2, 'always', 'gpipe', 2)
     self.assertEqual([p.kept_bytes for p in parts], [6 * MIB, 7 * MIB])
-    dev, = step_model.PredictDevices(parts, schedule.Make('gpipe', 1, 2, 2))
+    dev, = step_model.PredictDevices(parts, registry.Make('gpipe', 1, 2, 2))
     self.assertEqual((dev.stages, dev.kept_bytes), ((0, 1), 9 * MIB))
 
 
@@ -410,7 +412,7 @@ class TransferTest(absltest.TestCase):
       self.assertEqual(summed.all_reduce_s,
                        [two.Seconds(b) for b in stage_bytes])
       self.assertEqual(alone.all_reduce_s, [])
-      table = schedule.WithAllReduce(schedule.Make('gpipe', k, 4))
+      table = schedule.WithAllReduce(registry.Make('gpipe', k, 4))
       sim = schedule.Simulate(
           table, [p.forward_s for p in summed.partitions],
           [p.backward_s for p in summed.partitions],
@@ -608,21 +610,25 @@ class ErrorsTest(absltest.TestCase):
 
   def testBadScheduleFlags(self):
     model = '--model=image.synthetic.ResNetTinyGPipe'
-    with self.assertRaisesRegex(ValueError, r'^--schedule=interleaved_1f1b '
-                                r'runs V >= 2 stages per device; give '
-                                r'--num_virtual_stages=2 or more\.$'):
+    with self.assertRaisesRegex(ValueError, r'^--schedule=interleaved_1f1b: '
+                                r"Schedule 'interleaved_1f1b' runs 2 or more "
+                                r'stages per device, got '
+                                r'num_virtual_stages=1; set '
+                                r'num_virtual_stages >= 2 '):
       plan.Main([model, '--schedule=interleaved_1f1b'])
-    with self.assertRaisesRegex(ValueError, r'^--schedule=1f1b runs one '
-                                r'stage per device, got '
-                                r'--num_virtual_stages=2; use '
-                                r'--schedule=interleaved_1f1b\.$'):
+    with self.assertRaisesRegex(ValueError, r"^--schedule=1f1b: Schedule "
+                                r"'1f1b' runs one stage per device, got "
+                                r'num_virtual_stages=2; set '
+                                r'num_virtual_stages=1 '):
       plan.Main([model, '--schedule=1f1b', '--num_virtual_stages=2'])
     with self.assertRaisesRegex(ValueError, r"^Schedule 'interleaved_1f1b' "
-                                r'needs M a multiple of K: M=3, K=2; use '
-                                r'M = 2 or 4\.$'):
+                                r'needs M a multiple of K: M=3, K=2; set '
+                                r'num_micro_batches to 2 or 4\.$'):
       plan_search.Evaluate('toy', _Flat(4), 6, 2, 3,
                            layout=plan_search.Layout('interleaved_1f1b', 2))
-    with self.assertRaises(SystemExit):  # argparse's own message
+    with self.assertRaisesRegex(ValueError, r"^Unknown schedule 'pipedream'; "
+                                r"use one of \('gpipe', .*\) or a table's "
+                                r'\.csv file\.$'):
       plan.Main([model, '--schedule=pipedream'])
 
   def testBadBudgetText(self):

@@ -68,9 +68,10 @@ def GPipeNetworkParams(layer_params: Sequence[hyperparams.Params],
     recompute: the PipeliningLayer's recompute mode.
     cost: how to balance the cells (partitioner.COSTS or one number per
       layer); 'flops' by default.
-    schedule: the PipeliningLayer's schedule (schedule.SCHEDULES).
-    num_virtual_stages: V stages per device: K x V cells, stage s on
-      device s mod K (for 'interleaved_1f1b').
+    schedule: the PipeliningLayer's schedule (a name of
+      schedules/registry.py's Names(), or a .csv table).
+    num_virtual_stages: V stages per device: K x V cells, placed by the
+      schedule (2 or more for 'interleaved_1f1b', 2 for 'zb_v').
   """
   cells = partitioner.PartitionSequentialLayers(
       layer_params, num_partitions * num_virtual_stages, cost=cost,

@@ -251,8 +251,10 @@ def PipelinedStack(layer_params: Sequence[hyperparams.Params],
     recompute: the PipeliningLayer's recompute mode.
     name: the layer's name (the same name in SequentialStack gives the same
       initial weights).
-    schedule: the PipeliningLayer's schedule (schedule.SCHEDULES).
-    num_virtual_stages: V stages per device (for 'interleaved_1f1b').
+    schedule: the PipeliningLayer's schedule (a name of
+      schedules/registry.py's Names(), or a .csv table).
+    num_virtual_stages: V stages per device (2 or more for
+      'interleaved_1f1b', 2 for 'zb_v').
   """
   cost = 'params' if input_shapes is None else 'flops'
   cells = partitioner.PartitionSequentialLayers(
