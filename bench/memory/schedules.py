@@ -3,15 +3,19 @@ micro-batch size.
 
   .venv/bin/python -m bench.memory.run schedules [--ms=8,32]
       [--modes=never,always] [--split=both|whole|split] [--micro_batch=4]
-      [--repeats=1] [--json_out=FILE]
+      [--schedules=gpipe,1f1b,...] [--repeats=1] [--json_out=FILE]
 
 bench/common's Transformer stack (8 encoder layers, d=128, ff=512, 4
 heads, seq 64) on K=2 devices, micro-batches of --micro_batch sequences
 (so the batch is M x micro-batch), for each recompute mode, M and
-schedule: 'gpipe', '1f1b' and 'interleaved_1f1b' with V=2 (four stages
-of two layers, stage s on device s mod 2). With recompute 'never' each
-schedule also runs with its backwards split ('split':
-PipeliningLayer.split_backward, each B then its W; --split chooses).
+schedule (--schedules, all by default): 'gpipe', '1f1b',
+'interleaved_1f1b' with V=2 (four stages of two layers, stage s on
+device s mod 2), 'zb_v' (V=2: stages 0 and 3 on device 0, 1 and 2 on
+device 1) and 'looped_bfs' (V=2, placed as interleaved). With recompute
+'never' each schedule also runs with its backwards split ('split':
+PipeliningLayer.split_backward, each B then its W; --split chooses); a
+schedule whose definition splits them (ZB-V) runs once, in 'never'
+only (its rules: `registry.Check`).
 
 Each configuration is probed in a fresh process as table1.py probes a
 size (`table1.Probe`): two `tf.distribute.Server` workers with the BFC
@@ -36,6 +40,9 @@ Targets (at K=2, M=32, recompute 'never'): 1F1B's worst device's
 activation peak is at most 1/4 of GPipe's; and 1F1B at M=32 is within
 1.2x of 1F1B at M=8 (its peak does not grow with M); each judged with
 whole backwards and with split ones (both against GPipe's whole).
+ZB-V's worst device at most 1.15x 1F1B's, judged against 1F1B whole and
+against 1F1B split. Looped BFS's worst device is printed beside GPipe's
+(no target: it holds every micro-batch, as GPipe).
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -60,11 +67,13 @@ from lingvo_pipe.core import schedule as schedule_lib  # noqa: E402
 from lingvo_pipe.core.schedules import registry  # noqa: E402
 
 K = 2
-SCHEDULES = (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2))
+SCHEDULES = (('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2),
+             ('zb_v', 2), ('looped_bfs', 2))
 STACK = dict(num_layers=8, model_dim=128, hidden_dim=512, num_heads=4,
              seq_len=64)
 QUARTER_TARGET = 0.25  # 1F1B / GPipe worst device, K=2 M=32 'never'
 FLAT_TARGET = 1.2  # 1F1B M=32 / M=8 worst device, 'never'
+ZB_V_TARGET = 1.15  # ZB-V / 1F1B worst device, K=2 M=32 'never'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +187,62 @@ def Targets(results: Dict[Config, dict]) -> List[str]:
       lines.append(f'{what} never: not measured (need M={m_lo} and {m_hi})')
   if not lines:
     lines.append(f'K={K} M={m_hi} never: not measured (need 1f1b at M={m_hi})')
+  return lines + _NewerLines(results)
+
+
+def _NewerLines(results: Dict[Config, dict]) -> List[str]:
+  """ZB-V against 1F1B, whole and split (target); looped BFS beside
+  GPipe in each mode measured (no target); at K=2, M=32."""
+  def Worst(config: Config) -> Optional[float]:
+    return _Worst(results[config])[1] if config in results else None
+
+  m, lines = 32, []
+  zbv = Worst(Config('zb_v', 2, 'never', m))
+  for split in (False, True):
+    one = Worst(Config('1f1b', 1, 'never', m, split))
+    if zbv is None or one is None:
+      continue
+    ratio = zbv / one
+    lines.append(
+        f'K={K} M={m} never: ZB-V worst device {zbv:.1f} MiB, 1F1B'
+        f'{", backwards split," * split} {one:.1f} MiB: {ratio:.2f}x '
+        f'(target at most {ZB_V_TARGET:g}x): '
+        f'{"ok" if ratio <= ZB_V_TARGET else "MISS"}')
+  for mode in ('never', 'always'):
+    looped = Worst(Config('looped_bfs', 2, mode, m))
+    gpipe = Worst(Config('gpipe', 1, mode, m))
+    if looped is not None and gpipe is not None:
+      lines.append(f'K={K} M={m} {mode}: looped BFS V=2 worst device '
+                   f'{looped:.1f} MiB, GPipe {gpipe:.1f} MiB: '
+                   f'{looped / gpipe:.2f}x (no target)')
   return lines
+
+
+def Configs(args: argparse.Namespace) -> List[Config]:
+  """Every configuration the flags ask for that the schedules' rules
+  allow; a schedule that splits its backwards by definition runs once."""
+  ms = [int(m) for m in args.ms.split(',')]
+  wanted = args.schedules.split(',') if args.schedules else None
+  splits = {'both': (False, True), 'whole': (False,), 'split': (True,)}
+  configs = []
+  for mode in args.modes.split(','):
+    for split in splits[args.split] if mode == 'never' else (False,):
+      for s, v in SCHEDULES:
+        if wanted is not None and s not in wanted:
+          continue
+        if registry.Lookup(s).splits_backward and split:
+          continue
+        configs += [Config(s, v, mode, m, split) for m in ms
+                    if _Allowed(s, v, mode, m, split)]
+  return configs
+
+
+def _Allowed(schedule: str, v: int, mode: str, m: int, split: bool) -> bool:
+  try:
+    registry.Check(schedule, K * v, m, v, mode, split)
+  except ValueError:
+    return False
+  return True
 
 
 def _Args(argv: Sequence[str]) -> argparse.Namespace:
@@ -191,6 +255,9 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
                       choices=['both', 'whole', 'split'],
                       help="with recompute 'never': whole backwards, split "
                       '(PipeliningLayer.split_backward) or both')
+  parser.add_argument('--schedules', default='',
+                      help='comma-separated schedules to probe (default '
+                      f'all: {",".join(s for s, _ in SCHEDULES)})')
   parser.add_argument('--micro_batch', type=int, default=4,
                       help='sequences per micro-batch')
   parser.add_argument('--repeats', type=int, default=1,
@@ -203,6 +270,11 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   args = parser.parse_args(argv)
   if args.repeats < 1 or args.micro_batch < 1:
     parser.error('--repeats and --micro_batch must be at least 1.')
+  unknown = set(filter(None, args.schedules.split(','))) - {
+      s for s, _ in SCHEDULES}
+  if unknown:
+    parser.error(f'--schedules: {sorted(unknown)} not measured here; name '
+                 f'some of {",".join(s for s, _ in SCHEDULES)}.')
   return args
 
 
@@ -210,12 +282,7 @@ def main(argv: Sequence[str]) -> None:
   args = _Args(argv)
   if args.probe:
     _ProbeMain(args)
-  ms = [int(m) for m in args.ms.split(',')]
-  splits = {'both': (False, True), 'whole': (False,), 'split': (True,)}
-  configs = [Config(s, v, mode, m, split)
-             for mode in args.modes.split(',')
-             for split in (splits[args.split] if mode == 'never' else (False,))
-             for s, v in SCHEDULES for m in ms]
+  configs = Configs(args)
   print(f'{cli.Header()}\n'
         f'Model: {STACK["num_layers"]} TransformerEncoderLayers, d='
         f'{STACK["model_dim"]}, ff={STACK["hidden_dim"]}, '

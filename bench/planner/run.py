@@ -6,10 +6,13 @@
       [--recompute=always|never] [--num_virtual_stages=2]
 
 For each model, (K, M) and schedule, recompute 'always' (or 'never', which
-ZB-H1 needs: --schedules=gpipe,1f1b,zb_h1, and so do split backwards:
-'1f1b+split' is 1F1B with PipeliningLayer's split_backward), batch 32;
-interleaved 1F1B runs --num_virtual_stages stages on each of the K
-workers:
+the zero-bubble schedules need: --schedules=gpipe,1f1b,zb_h1,zb_v, and so
+do split backwards: '1f1b+split' is 1F1B with PipeliningLayer's
+split_backward), batch 32; a schedule that runs several stages a worker
+(interleaved, looped BFS, ZB-V's two) runs --num_virtual_stages (at
+least its least) on each of the K workers. 'auto' is not for this bench:
+the planner searches its table with the measured costs, the worker would
+run the unit-cost one:
 1. Predicted (a process pinned to core 0 with `taskset`, as each worker
    will be): lingvo_pipe.tools.plan measures every layer once per
    micro-batch size (layer_profile.py) and chooses the split from their
@@ -101,11 +104,13 @@ quiet.ImportTensorFlow()  # before the modules below import it
 from bench.common import cli  # noqa: E402
 from bench.common import cores  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
+from lingvo_pipe.core.schedules import registry  # noqa: E402
 from lingvo_pipe.tools import memory_worker  # noqa: E402
 
 BATCH = 32
-# zb_h1 needs recompute 'never'; interleaved_1f1b runs V stages a worker.
-SCHEDULES = ('gpipe', '1f1b', 'zb_h1', 'interleaved_1f1b')
+# Every registered schedule; their rules say which need recompute 'never'
+# and which run V stages a worker (registry.Check).
+SCHEDULES = registry.Names()
 SPLIT = '+split'  # a schedule's name + SPLIT: with split_backward
 
 
@@ -233,9 +238,10 @@ def _StepFn(layer: Any) -> Any:
 
 
 def _V(schedule: str, num_virtual_stages: int) -> int:
-  """Stages per worker: V for interleaved 1F1B, else one."""
-  return (num_virtual_stages if _Schedule(schedule)[0] == 'interleaved_1f1b'
-          else 1)
+  """Stages per worker: V for a schedule that runs several a worker (its
+  definition's least, if V is below it), else one."""
+  least, _ = registry.Lookup(_Schedule(schedule)[0]).stages_per_device
+  return max(num_virtual_stages, least) if least > 1 else 1
 
 
 def _Build(model: str, bounds: List[int], m: int, devices: List[str],
@@ -536,10 +542,11 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
                       'file, and measure nothing.')
   parser.add_argument('--recompute', default='always',
                       choices=['always', 'never'],
-                      help="Every configuration's recompute mode; zb_h1 "
-                      "needs 'never'.")
+                      help="Every configuration's recompute mode; the "
+                      "zero-bubble schedules need 'never'.")
   parser.add_argument('--num_virtual_stages', type=int, default=2,
-                      help='V, stages per worker of interleaved_1f1b.')
+                      help='V, stages per worker of the schedules that run '
+                      'several (interleaved_1f1b, looped_bfs; zb_v runs 2).')
   parser.add_argument('--parts', default='memory,time',
                       help='What to measure: memory, time or both.')
   parser.add_argument('--wait_idle', type=int, default=1,
@@ -557,11 +564,12 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
   if bad:
     parser.error(f'--schedules={args.schedules}: {bad} not in {SCHEDULES}; '
                  f'give some of those (each may end in {SPLIT!r}).')
-  if any(x == 'zb_h1' or split for x, split in names) and (
-      args.recompute != 'never'):
+  if any(registry.Lookup(x).splits_backward or split
+         for x, split in names) and args.recompute != 'never':
     parser.error(f'--schedules={args.schedules} with '
-                 f'--recompute={args.recompute}: zb_h1 and split '
-                 'backwards keep every activation; add --recompute=never.')
+                 f'--recompute={args.recompute}: zero-bubble schedules and '
+                 'split backwards keep every activation; add '
+                 '--recompute=never.')
   if args.profile_rounds < 1 or args.rounds < 1:
     parser.error(f'--profile_rounds={args.profile_rounds} '
                  f'--rounds={args.rounds}: give at least 1 of each.')

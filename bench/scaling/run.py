@@ -4,8 +4,9 @@
 
   pipeline   K=1, 2 on two pinned workers over M, and start-up over K
              and M (pipeline.py)
-  schedules  GPipe, 1F1B, interleaved 1F1B and ZB-H1 side by side, and
-             a measured picture of each step (schedules.py)
+  schedules  GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V, interleaved
+             zero bubble, looped BFS and searched tables side by side,
+             and a measured picture of each step (schedules.py)
   replicas   data parallelism x pipeline on pinned workers (replicas.py)
   trainer    the trainer on two workers, two cores against one
              (trainer.py)

@@ -316,6 +316,11 @@ def Register(definition: Definition) -> Definition:
   return definition
 
 
+def Unregister(name: str) -> None:
+  """Forgets the definition registered as `name` (e.g. a test's own)."""
+  _DEFINED.pop(name, None)
+
+
 def Defined() -> Dict[str, Definition]:
   """Every registered definition by name, in registration order (the
   registry imports the schedules defined in other files first)."""

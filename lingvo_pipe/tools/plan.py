@@ -351,6 +351,8 @@ def Searched(result: plan_search.PlanResult, path: str) -> str:
   """Writes `result`'s searched table to `path` (schedule_file.Dump) and
   says how it compares with every named schedule on the same split and
   costs (plan_search.InLayout)."""
+  if os.path.dirname(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
   schedule_file.Dump(result.table, path)
   v = result.layout.num_virtual_stages
   lines = [f'Searched table written to {path} (K={result.num_devices} '

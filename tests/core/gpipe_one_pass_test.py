@@ -366,6 +366,12 @@ class NewScheduleTest(tf.test.TestCase, parameterized.TestCase):
         'oldest_first', _OldestLast, 'test only: GPipe, oldest B first',
         stages_per_device=(1, None)))
 
+  @classmethod
+  def tearDownClass(cls):
+    # Other test files may run in this process after this one.
+    schedule.Unregister('oldest_first')
+    super().tearDownClass()
+
   def _Exact(self, pipe, m):
     ref = lib.Reference(keep_prob=0.75)
     scale = tf.Variable(tf.random.stateless_normal([lib.DIM], [9, 9],

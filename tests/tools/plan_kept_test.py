@@ -23,6 +23,8 @@ devices.SplitCpu(4)
 import tensorflow as tf  # noqa: E402
 
 from lingvo_pipe.core import layers  # noqa: E402
+from lingvo_pipe.core import schedule  # noqa: E402
+from lingvo_pipe.core import schedule_file  # noqa: E402
 from lingvo_pipe.core.schedules import registry  # noqa: E402
 from lingvo_pipe.tools import budget_split  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
@@ -189,6 +191,33 @@ class StepTest(absltest.TestCase):
     self.assertIn('W/micro', str(split))
     self.assertIn('schedule 1f1b (backwards split: split_backward)',
                   str(split))
+
+  def testAutoSearchesWithTheMeasuredCosts(self):
+    """plan --schedule=auto: the table searched with the partitions' own
+    F, B and W costs simulates no longer than any named table on the same
+    split, and is written as a file a pipeline takes."""
+    profiles = [_Layer(0, 1.0, 1.0, 1.0), _Layer(1, 2.0, 1.5, 0.5)]
+    auto = plan_search.Evaluate('toy', profiles, 8, 2, 4, 'never',
+                                layout=plan_search.Layout('auto'))
+    self.assertEqual(auto.table.name, 'auto')
+    self.assertTrue(auto.table.split_backward)
+    schedule.Validate(auto.table)
+    self.assertEqual(auto.step_s, schedule.Simulate(
+        auto.table, [1.0, 2.0], [1.0, 1.5], weight_s=[1.0, 0.5]).step)
+    named = [plan_search.InLayout(auto, layout)
+             for layout in plan_search.Layouts('', 1, 'never')]
+    self.assertLen(named, 5)
+    for other in named:
+      self.assertLessEqual(auto.step_s, other.step_s, str(other.layout))
+    self.assertLess(auto.step_s, min(
+        o.step_s for o in named if o.layout.schedule_name == '1f1b'))
+    path = os.path.join(self.create_tempdir().full_path, 'auto.csv')
+    report = plan.Searched(auto, path)
+    self.assertEqual(schedule_file.Load(path).order, auto.table.order)
+    self.assertEqual(2, registry.Check(path, 2, 4, 1, 'never'))
+    self.assertIn(f'Searched table written to {path} (K=2 M=4)', report)
+    for other in named:
+      self.assertIn(f'  {other.layout}: step {other.step_s:.3f} s', report)
 
   def testSuggestedWhenItsStepIsFastest(self):
     by_m = {4: [_Layer(i, 0.25, 0.25, 0.25) for i in range(4)]}
