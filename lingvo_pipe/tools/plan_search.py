@@ -256,16 +256,18 @@ def Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
   parts = step_model.Predict(profiles, bounds, m, recompute,
                              layout.schedule_name, v, layout.split_backward)
   transfer = transfer or transfer_profile.TransferCost()
-  devs = table.stage_devices
-  hops = [transfer.Seconds(profiles[b - 1].output_bytes)
-          if devs[i] != devs[i + 1] else 0.0
-          for i, b in enumerate(bounds[1:-1])]
+
+  def Hops(devs: Sequence[int]) -> List[float]:
+    return [transfer.Seconds(profiles[b - 1].output_bytes)
+            if devs[i] != devs[i + 1] else 0.0
+            for i, b in enumerate(bounds[1:-1])]
+
+  hops = Hops(table.stage_devices)
   if registry.Lookup(layout.schedule_name).searched:
     # The table searched with these costs (the stages' costs do not
     # depend on the order; what they hold does: predicted again).
-    table = schedule_search.Search(
-        devs, m, [p.forward_s for p in parts], [p.backward_s for p in parts],
-        [p.weight_s for p in parts], hops, name=layout.schedule_name)
+    table, hops = _Searched(layout.schedule_name, parts, m,
+                            Placements(s_total // v, v), Hops)
     parts = step_model.Predict(profiles, bounds, m, recompute,
                                layout.schedule_name, v, table=table)
   all_reduce = [exchange.Seconds(sum(p.param_bytes for p in profiles[a:b]))
@@ -285,6 +287,41 @@ def Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
       devices=step_model.PredictDevices(parts, table),
       busy_s=list(sim.busy), exchange=exchange,
       all_reduce_s=all_reduce if replicated else [], table=table)
+
+
+def Placements(num_devices: int, num_virtual_stages: int
+               ) -> List[Tuple[int, ...]]:
+  """Every placement a registered schedule gives K devices of V stages
+  (looped first; with V = 2 also ZB-V's V): where a search may put them."""
+  out = []
+  for name in registry.Names():
+    try:
+      registry.Check(name, num_devices * num_virtual_stages, None,
+                     num_virtual_stages)
+    except ValueError:
+      continue
+    placed = registry.Placement(name, num_devices, num_virtual_stages)
+    if placed not in out:
+      out.append(placed)
+  return out
+
+
+def _Searched(name: str, parts: Sequence[step_model.PartitionPrediction],
+              m: int, placements: Sequence[Sequence[int]],
+              hops_of: Any) -> Tuple[schedule.Schedule, List[float]]:
+  """schedule_search.Search's table for the stages' costs on each of
+  `placements`, the one with the shortest simulated step, and its hops
+  (`hops_of(placement)`)."""
+  f, b, w = ([p.forward_s for p in parts], [p.backward_s for p in parts],
+             [p.weight_s for p in parts])
+  best = None
+  for devs in placements:
+    hops = hops_of(devs)
+    table = schedule_search.Search(devs, m, f, b, w, hops, name=name)
+    step = schedule.Simulate(table, f, b, hop_s=hops, weight_s=w).step
+    if best is None or step < best[0]:
+      best = (step, table, hops)
+  return best[1], best[2]
 
 
 def InLayout(result: PlanResult, layout: Layout) -> PlanResult:

@@ -219,6 +219,22 @@ class StepTest(absltest.TestCase):
     for other in named:
       self.assertIn(f'  {other.layout}: step {other.step_s:.3f} s', report)
 
+  def testAutoSearchesEveryPlacementOfItsStages(self):
+    """With two stages a device the search tries the looped placement and
+    ZB-V's V, and is no slower than any named V=2 table, ZB-V included."""
+    self.assertEqual(plan_search.Placements(2, 2), [(0, 1, 0, 1),
+                                                    (0, 1, 1, 0)])
+    self.assertEqual(plan_search.Placements(2, 1), [(0, 1)])
+    profiles = [_Layer(i, 1.0, 1.0 + i / 4, 1.0) for i in range(4)]
+    auto = plan_search.Evaluate('toy', profiles, 8, 2, 8, 'never',
+                                layout=plan_search.Layout('auto', 2))
+    self.assertIn(auto.table.stage_devices, plan_search.Placements(2, 2))
+    named = [plan_search.InLayout(auto, layout)
+             for layout in plan_search.Layouts('', 2, 'never')]
+    self.assertIn('zb_v', [o.layout.schedule_name for o in named])
+    for other in named:
+      self.assertLessEqual(auto.step_s, other.step_s, str(other.layout))
+
   def testSuggestedWhenItsStepIsFastest(self):
     by_m = {4: [_Layer(i, 0.25, 0.25, 0.25) for i in range(4)]}
     self.assertEqual(plan_search.Layouts('', 1, 'never'), [
