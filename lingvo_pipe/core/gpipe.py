@@ -261,8 +261,8 @@ class PipeliningLayer(base_layer.BaseLayer):
         schedule_lib.Validate(table)
         return table
       return registry.Make(p.schedule, self._num_devices,
-                               num_micro_batches, p.num_virtual_stages,
-                               split_backward=p.split_backward)
+                           num_micro_batches, p.num_virtual_stages,
+                           split_backward=p.split_backward)
     except ValueError as err:
       raise ValueError(f"PipeliningLayer '{self.path}': {err}") from None
 
@@ -409,8 +409,8 @@ def _CheckSchedule(where: str, p: Any) -> int:
   num_micro = (p.num_micro_batches if p.micro_batch_size is None else None)
   try:
     return registry.Check(p.schedule, len(p.cell_tpl), num_micro,
-                              p.num_virtual_stages, p.recompute,
-                              p.split_backward)
+                          p.num_virtual_stages, p.recompute,
+                          p.split_backward)
   except ValueError as err:
     raise ValueError(f'{where}: {err}') from None
 

@@ -269,8 +269,8 @@ class Definition:
 
   `make(K, M, V)` returns the table (Make validates it); `placement(K, V)`
   the device of each of the K x V stages, known before M (a layer places
-  its variables at construction). The rules, checked by `Check` with one
-  line naming the schedule, the rule and what to set:
+  its variables at construction). The rules, checked by `registry.Check`
+  with one line naming the schedule, the rule and what to set:
 
     stages_per_device   (least, most) V; most None: any
     splits_backward     its tables split each backward in B and W, which
@@ -286,7 +286,6 @@ class Definition:
   """
   name: str
   make: Callable[[int, int, int], 'Schedule']
-  summary: str
   placement: Callable[[int, int], Tuple[int, ...]] = (
       lambda k, v: LoopedStageDevices(k, v))
   stages_per_device: Tuple[int, Optional[int]] = (1, 1)
@@ -607,16 +606,11 @@ def Timeline(table: Schedule) -> str:
 # ---- the schedules defined here --------------------------------------------
 
 Register(Definition(
-    'gpipe', GPipe, 'every forward, then every backward',
-    stages_per_device=(1, None)))
+    'gpipe', GPipe, stages_per_device=(1, None)))
 Register(Definition(
-    '1f1b', lambda k, m, v: OneFOneB(k, m),
-    'K-1-d forwards, then one forward and one backward in turn'))
+    '1f1b', lambda k, m, v: OneFOneB(k, m)))
 Register(Definition(
-    'interleaved_1f1b', Interleaved1F1B,
-    '1F1B over V stages a device (stage s on device s mod K)',
-    stages_per_device=(2, None), m_multiple_of_k=True))
+    'interleaved_1f1b', Interleaved1F1B, stages_per_device=(2, None),
+    m_multiple_of_k=True))
 Register(Definition(
-    'zb_h1', lambda k, m, v: ZeroBubbleH1(k, m),
-    "1F1B with each backward split in B and W, W's filling the bubble",
-    splits_backward=True))
+    'zb_h1', lambda k, m, v: ZeroBubbleH1(k, m), splits_backward=True))

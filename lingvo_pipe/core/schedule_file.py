@@ -148,8 +148,7 @@ def Definition(path: str) -> schedule.Definition:
   if key not in _CACHE:
     table = Load(path)
     _CACHE[key] = schedule.Definition(
-        path, lambda k, m, v: table, f'the table in {path}',
-        placement=lambda k, v: table.stage_devices,
+        path, lambda k, m, v: table, placement=lambda k, v: table.stage_devices,
         stages_per_device=(1, None), splits_backward=table.split_backward,
         num_devices=table.num_devices, num_stages=table.num_stages,
         num_micro_batches=table.num_micro_batches)

@@ -252,9 +252,10 @@ def Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
   its parameters' bytes."""
   s_total = len(bounds) - 1
   v = layout.num_virtual_stages
-  table = layout.Table(s_total // v, m)
+  table = step_model.MakeTable(layout.schedule_name, s_total, m, v,
+                               recompute, layout.split_backward)
   parts = step_model.Predict(profiles, bounds, m, recompute,
-                             layout.schedule_name, v, layout.split_backward)
+                             layout.schedule_name, v, table=table)
   transfer = transfer or transfer_profile.TransferCost()
 
   def Hops(devs: Sequence[int]) -> List[float]:
@@ -374,7 +375,7 @@ def Layouts(schedule_name: str = '', num_virtual_stages: int = 1,
   v = num_virtual_stages
   if schedule_name:
     return [Layout(schedule_name, v, split_backward)]
-  whole, split = [], []
+  whole, split, zero_bubble = [], [], []
   for name in registry.Names():
     defn = registry.Lookup(name)
     try:
@@ -383,13 +384,13 @@ def Layouts(schedule_name: str = '', num_virtual_stages: int = 1,
       continue
     if defn.searched:
       continue
+    if defn.splits_backward:
+      zero_bubble.append(Layout(name, v))
+      continue
     whole.append(Layout(name, v))
-    if recompute == 'never' and not defn.splits_backward:
+    if recompute == 'never':
       split.append(Layout(name, v, True))
-  return ([x for x in whole if not registry.Lookup(x.schedule_name)
-           .splits_backward] + split +
-          [x for x in whole if registry.Lookup(x.schedule_name)
-           .splits_backward])
+  return whole + split + zero_bubble
 
 
 def _Candidates(name: str, profiles_by_m: Dict[int, List[Profile]],

@@ -363,8 +363,7 @@ class NewScheduleTest(tf.test.TestCase, parameterized.TestCase):
     super().setUpClass()
     tf.config.experimental.enable_op_determinism()
     schedule.Register(schedule.Definition(
-        'oldest_first', _OldestLast, 'test only: GPipe, oldest B first',
-        stages_per_device=(1, None)))
+        'oldest_first', _OldestLast, stages_per_device=(1, None)))
 
   @classmethod
   def tearDownClass(cls):

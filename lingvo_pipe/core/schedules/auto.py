@@ -24,6 +24,5 @@ def UnitCosts(num_devices: int, num_micro_batches: int,
 
 
 schedule.Register(schedule.Definition(
-    'auto', UnitCosts, 'searched from costs (unit costs here; the planner '
-    "measures them), backwards split", stages_per_device=(1, None),
-    splits_backward=True, searched=True))
+    'auto', UnitCosts, stages_per_device=(1, None), splits_backward=True,
+    searched=True))

@@ -27,7 +27,5 @@ def InterleavedZeroBubble(num_devices: int, num_micro_batches: int,
 
 
 schedule.Register(schedule.Definition(
-    'interleaved_zb', InterleavedZeroBubble,
-    "interleaved 1F1B, backwards split, W's filling its bubbles",
-    stages_per_device=(2, None), splits_backward=True,
-    m_multiple_of_k=True))
+    'interleaved_zb', InterleavedZeroBubble, stages_per_device=(2, None),
+    splits_backward=True, m_multiple_of_k=True))

@@ -37,6 +37,4 @@ def LoopedBFS(num_devices: int, num_micro_batches: int,
 
 
 schedule.Register(schedule.Definition(
-    'looped_bfs', LoopedBFS,
-    "every micro-batch through a device's first stage, then its next",
-    stages_per_device=(2, None)))
+    'looped_bfs', LoopedBFS, stages_per_device=(2, None)))

@@ -91,7 +91,5 @@ def ZeroBubbleV(num_devices: int, num_micro_batches: int,
 
 
 schedule.Register(schedule.Definition(
-    'zb_v', ZeroBubbleV,
-    'zero bubble in a V: stages d and 2K-1-d on device d, backwards split',
-    placement=VStageDevices, stages_per_device=(2, 2),
+    'zb_v', ZeroBubbleV, placement=VStageDevices, stages_per_device=(2, 2),
     splits_backward=True))
