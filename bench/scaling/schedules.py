@@ -120,6 +120,7 @@ from lingvo_pipe.core import schedule_file  # noqa: E402
 from lingvo_pipe.core import schedule_search  # noqa: E402
 from lingvo_pipe.core import step_trace  # noqa: E402
 from lingvo_pipe.core.schedules import registry  # noqa: E402
+from lingvo_pipe.tools import plan_search  # noqa: E402
 
 Setup = stack_lib.Setup
 ONE_F_ONE_B_TARGET = 0.9  # of GPipe's ideal, K=2 M=8
@@ -149,9 +150,11 @@ def Runs(setup: Setup) -> bool:
   return True
 
 
-def ThroughputSetups(mode: str, searched: str = '') -> List[Setup]:
+def ThroughputSetups(mode: str, searched: str = '', searched_v: int = 1
+                     ) -> List[Setup]:
   """Every throughput configuration of `mode` (module docstring);
-  `searched` is the .csv table of 'auto (measured costs)', if any."""
+  `searched` is the .csv table of 'auto (measured costs)', if any, of
+  `searched_v` stages a device."""
   never = mode == 'never'
   zero_bubble = ['zb_h1'] if never else []
   splits = (False, True) if never else (False,)
@@ -159,7 +162,7 @@ def ThroughputSetups(mode: str, searched: str = '') -> List[Setup]:
           [Setup('pipe', 2, 8, mode, s, 1, split)
            for split in splits for s in ('gpipe', '1f1b')] +
           [Setup('pipe', 2, 8, mode, s) for s in zero_bubble] +
-          _NewerSetups(mode, searched) +
+          _NewerSetups(mode, searched, searched_v) +
           [Setup('pipe', 2, 4, mode, s) for s in ('gpipe', '1f1b')] +
           [Setup('pipe', 2, 4, mode, s, v, split) for split in splits
            for s, v in (('gpipe', 1), ('interleaved_1f1b', 2))
@@ -168,7 +171,7 @@ def ThroughputSetups(mode: str, searched: str = '') -> List[Setup]:
           [Setup('pipe', 2, 32, mode, '1f1b', 1, True)] * never)
 
 
-def _NewerSetups(mode: str, searched: str) -> List[Setup]:
+def _NewerSetups(mode: str, searched: str, searched_v: int) -> List[Setup]:
   """K=2 M=8: ZB-V, interleaved 1F1B split beside interleaved zero
   bubble, looped BFS (V=2 each), 'auto' and the `searched` table; those
   whose rules allow `mode` (with 'always': looped BFS)."""
@@ -177,7 +180,7 @@ def _NewerSetups(mode: str, searched: str) -> List[Setup]:
       ('interleaved_zb', 2, False), ('looped_bfs', 2, False),
       ('auto', 1, False))]
   if searched:
-    setups.append(Setup('pipe', 2, 8, mode, searched))
+    setups.append(Setup('pipe', 2, 8, mode, searched, searched_v))
   return [s for s in setups if Runs(s)]
 
 
@@ -198,7 +201,8 @@ def MeasureThroughput(stack: stack_lib.Stack, modes: Sequence[str],
         searched = SearchMeasured(workers, args, directory)
       results = scaling._OneClient(  # pylint: disable=protected-access
           workers, stack,
-          ThroughputSetups(mode, searched.get('path', '')), args)
+          ThroughputSetups(mode, searched.get('path', ''),
+                           searched.get('v', 1)), args)
       out.update(results)
       for label, r in results.items():
         if 'error' not in r:
@@ -277,23 +281,45 @@ def SearchMeasured(workers: local_workers.LocalWorkers,
   finally:
     workers.Stop()
   s, costs = COSTS_SETUP, measured[COSTS_SETUP.ToText()]
-  table = schedule_search.Search(
-      registry.Placement(s.schedule, s.k, s.v), s.m, costs['F'],
-      costs['B'], costs['W'], costs['hop'], name=SEARCHED)
+  tried = {}  # V -> (the table searched, its costs, its hops), V = 1, 2
+  for v in (1, 2):
+    scaled = ScaledCosts(costs, s.k * v)
+    for devs in plan_search.Placements(s.k, v):
+      hops = _Hops(devs, costs['hop'][0])
+      table = schedule_search.Search(devs, s.m, scaled['F'], scaled['B'],
+                                     scaled['W'], hops, name=SEARCHED)
+      if v not in tried or _Step(table, scaled, hops) < _Step(*tried[v]):
+        tried[v] = (table, scaled, hops)
+  v = min(tried, key=lambda x: _Step(*tried[x]))
+  table = tried[v][0]
   path = os.path.join(directory, 'auto_measured.csv')
   schedule_file.Dump(table, path)
-  simulated = {name: schedule.Simulate(
-      t, costs['F'], costs['B'], hop_s=costs['hop'],
-      weight_s=costs['W']).step for name, t in (
-          ('1f1b, split', registry.Make('1f1b', s.k, s.m, 1, True)),
-          ('zb_h1', registry.Make('zb_h1', s.k, s.m)),
-          ('auto', registry.Make('auto', s.k, s.m)), (SEARCHED, table))}
+  simulated = {name: _Step(t, ScaledCosts(costs, t.num_stages),
+                           _Hops(t.stage_devices, costs['hop'][0]))
+               for name, t in (
+      ('1f1b, split', registry.Make('1f1b', s.k, s.m, 1, True)),
+      ('zb_h1', registry.Make('zb_h1', s.k, s.m)),
+      ('zb_v', registry.Make('zb_v', s.k, s.m, 2)),
+      ('auto', registry.Make('auto', s.k, s.m)))}
+  simulated.update({f'{SEARCHED}, V={x}': _Step(*tried[x]) for x in tried})
   with open(path) as f:
     csv_text = f.read()
-  record = {'path': path, 'costs': measured, 'simulated': simulated,
+  record = {'path': path, 'v': v, 'costs': measured, 'simulated': simulated,
             'timeline': schedule.Timeline(table), 'csv': csv_text}
   print('\n'.join(SearchedLines(record)), flush=True)
   return record
+
+
+def _Hops(stage_devices: Sequence[int], hop: float) -> List[float]:
+  """Per stage boundary: `hop` where it crosses devices, else 0."""
+  return [hop if a != b else 0.0
+          for a, b in zip(stage_devices, stage_devices[1:])]
+
+
+def _Step(table: schedule.Schedule, costs: dict, hops: List[float]) -> float:
+  """table's step simulated with per-stage `costs` and `hops`."""
+  return schedule.Simulate(table, costs['F'], costs['B'], hop_s=hops,
+                           weight_s=costs['W']).step
 
 
 def SearchedLines(record: dict) -> List[str]:
