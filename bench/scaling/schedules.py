@@ -32,9 +32,13 @@ whole, ZB-V, interleaved 1F1B split, interleaved zero bubble; K=2 M=8),
 traces --cost_traces steps of each after warm-up and takes, per stage,
 the median over the steps of each step's mean F, B and W seconds
 (`StepTrace.MeanSeconds`), and per boundary the measured hand-off
-(`Hops`). `schedule_search.Search` makes a table from 1F1B split's,
-`schedule_file.Dump` writes it to a temporary .csv, and that path is
-the PipeliningLayer's schedule of 'auto (measured costs)'. Reported: median
+(`Hops`). `schedule_search.Search` makes a table from 1F1B split's
+costs on every placement of one or two stages a worker
+(`plan_search.Placements`: looped, and ZB-V's V; two-layer stages at
+half their 1F1B stage's costs, `ScaledCosts`, the hand-off where a
+boundary crosses workers), keeps the one that simulates shortest,
+`schedule_file.Dump` writes it to a temporary .csv, and that path (with
+its V) is the PipeliningLayer's schedule of 'auto (measured costs)'. Reported: median
 seconds per step, throughput = t(K=1 M=1) / t, and the ideal of each
 schedule, the throughput its table reaches when every stage's forward
 costs the same and a backward twice that, hand-offs free
