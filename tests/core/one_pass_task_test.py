@@ -6,7 +6,9 @@ the pipeline in one pass. For each schedule, R and K (each replica
 running M / R micro-batches, its own copy of the pipeline): the loss and every
 variable's gradient equal those of the same task trained through FProp
 (GPipe's order, whole-batch loss) within 1e-12 in float64, dropout and
-BatchNorm on; TrainStep gives the same variables after two steps.
+BatchNorm on, and the same against pre, the blocks and post with no
+pipeline at all and the loss written out (R = 1 and 2); TrainStep gives
+the same variables after two steps.
 """
 
 from absl.testing import absltest
@@ -100,6 +102,20 @@ class OnePassTaskTest(tf.test.TestCase, parameterized.TestCase):
     ref_loss, ref_grads = replica_task.Gradients(
         _Task(1, 2 * replicas, one_pass=False), batch)
     self.assertLen(grads, 4 * 4 + 4)  # blocks, and pre's and post's w, b
+    self.assertAllClose(loss, ref_loss, atol=_TOL, rtol=0)
+    self.assertLess(replica_task.Worst(grads, ref_grads), _TOL)
+
+  @parameterized.parameters(('1f1b', 2, 1, 1), ('1f1b', 2, 1, 2),
+                            ('interleaved_1f1b', 1, 2, 2))
+  def testGradientsEqualAPlainModel(self, schedule, k, v, replicas):
+    """Against pre, the blocks and post with no pipeline and the loss
+    written out (replica_task.PlainGradients), not through FProp."""
+    batch = replica_task.Batch(keys=True)
+    task = _Task(k, 2 * replicas, replicas, schedule, v)
+    loss, grads = replica_task.Gradients(task, batch)
+    ref_loss, ref_grads = replica_task.PlainGradients(
+        task, batch, 2 * replicas, pre_post=True)
+    self.assertLen(grads, 4 * 4 + 4)
     self.assertAllClose(loss, ref_loss, atol=_TOL, rtol=0)
     self.assertLess(replica_task.Worst(grads, ref_grads), _TOL)
 

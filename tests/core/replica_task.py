@@ -121,10 +121,80 @@ def TaskParams(partitions, micro_batches, replicas=1, devices=None,
   return p
 
 
-def Batch(size=8, seed=0):
+def Batch(size=8, seed=0, keys=False):
+  """x, y [size, DIM] float64; with `keys` also example_keys (the task
+  then uses them rather than making its own)."""
   x = tf.random.stateless_normal([size, DIM], [seed, 1], dtype=tf.float64)
   y = tf.random.stateless_normal([size, DIM], [seed, 2], dtype=tf.float64)
-  return NestedMap(x=x, y=y)
+  batch = NestedMap(x=x, y=y)
+  if keys:
+    batch.example_keys = dropout.ExampleKeys(
+        tf.constant(seed + 3, tf.int64), size)
+  return batch
+
+
+class PlainModel(base_layer.BaseLayer):
+  """The task's layers with no pipeline: `pipe`, the blocks in a plain
+  SequentialLayer (seed paths as the task's: task/pipe/b<i>), and with
+  `pre_post` a projection before it and one after it (one_pass_task_test's
+  task)."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.dtype = tf.float64
+    p.Define('blocks', [], 'Block params, in order.')
+    p.Define('pre_post', False, 'Projections before and after the blocks.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    self.CreateChild('pipe', layers.SequentialLayer.Params().Set(
+        sub=list(p.blocks)))
+    if p.pre_post:
+      for name in ('pre', 'post'):
+        self.CreateChild(name, layers.ProjectionLayer.Params().Set(
+            input_dim=DIM, output_dim=DIM))
+
+
+def PlainGradients(task, batch, micro_batches, num_blocks=4, keep_prob=0.7,
+                   batch_norm=True, pre_post=False):
+  """(loss, {Name(path): gradient}) of `task`'s model at its variables'
+  values, computed with no PipeliningLayer and none of BaseTask's code:
+  PlainModel, the batch's M micro-batches through the blocks one after
+  another (BatchNorm normalises each, as in the pipeline; dropout keyed by
+  batch.example_keys), the loss mean_b 0.5 |y - target|^2 written out, one
+  tf.GradientTape. Every variable of the plain model takes the task's
+  value of the same Name (an error if the task has none)."""
+  blocks = [Block.Params().Set(name=f'b{i}', batch_norm=batch_norm,
+                               keep_prob=keep_prob)
+            for i in range(num_blocks)]
+  model = PlainModel.Params().Set(name='task', blocks=blocks,
+                                  pre_post=pre_post).Instantiate()
+  values = Values(task)
+  for path, var in model.VariablesByPath().items():
+    if path not in values:
+      raise AssertionError(f'the task has no variable {path}')
+    var.assign(values[path])
+  model.SetTraining(True)
+  trainable = {p: v for p, v in model.VariablesByPath().items()
+               if v.trainable}
+  theta = model.theta
+  with tf.GradientTape() as tape:
+    x = batch.x
+    if pre_post:
+      x = model.pre.FProp(theta.pre, x)
+    outs = [model.pipe.FProp(theta.pipe, NestedMap(x=xs, example_keys=ks)).x
+            for xs, ks in zip(tf.split(x, micro_batches),
+                              tf.split(batch.example_keys, micro_batches))]
+    y = tf.concat(outs, 0)
+    if pre_post:
+      y = model.post.FProp(theta.post, y)
+    loss = tf.reduce_mean(
+        0.5 * tf.reduce_sum(tf.square(y - batch.y), axis=-1))
+  grads = tape.gradient(loss, trainable)
+  return float(loss), {p: g.numpy() for p, g in grads.items()}
 
 
 def Name(path):

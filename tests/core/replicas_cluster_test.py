@@ -5,9 +5,11 @@ in one pass, a client places replica r's partition k (and its copy of
 that partition's variables) on worker task r * K + k, each replica
 running M / R micro-batches, and checks against one replica with the
 whole batch and M micro-batches on its own CPU (float64, dropout and
-BatchNorm on): loss and every gradient within 1e-12, then three training
-steps each and every variable (BatchNorm's moving averages included)
-within 1e-12, every copy bitwise equal to replica 0's. The gradients of
+BatchNorm on), and against the same layers with no pipeline and the loss
+written out (replica_task.PlainGradients): loss and every gradient
+within 1e-12, then three training steps each and every variable
+(BatchNorm's moving averages included) within 1e-12, every copy bitwise
+equal to replica 0's. The gradients of
 the copies are summed by TF's collective ops over gRPC. Servers and
 client are subprocesses: connecting to a cluster changes the whole
 process.
@@ -30,7 +32,7 @@ from lingvo_pipe.core import base_model, cluster
 from tests.core import replica_task
 names = cluster.Connect(cluster.ParseClusterSpec(sys.argv[1]))
 local = '/device:CPU:0'  # the client's own CPU, as the runtime lists it
-batch = replica_task.Batch()
+batch = replica_task.Batch(keys=True)
 report = {}
 refs = {}  # (loss, gradients, values after one step) by micro-batches
 for replicas, partitions, schedule in ((2, 1, 'gpipe'), (1, 2, 'gpipe'),
@@ -43,6 +45,8 @@ for replicas, partitions, schedule in ((2, 1, 'gpipe'), (1, 2, 'gpipe'),
   task = p.Instantiate()
   task.CreateTrainState()
   loss, grads = replica_task.Gradients(task, batch)
+  with tf.device(local):  # no pipeline, the loss written out
+    plain_loss, plain_grads = replica_task.PlainGradients(task, batch, micro)
   step = tf.function(task.TrainStep, autograph=False)
   for _ in range(3):
     step(batch)
@@ -64,7 +68,8 @@ for replicas, partitions, schedule in ((2, 1, 'gpipe'), (1, 2, 'gpipe'),
                          for v in (mirrors.CopiesByPath(1).values()
                                    if mirrors else [])}),
       loss=abs(loss - ref_loss), grads=replica_task.Worst(grads, ref_grads),
-      num_grads=len(grads),
+      num_grads=len(grads), plain_loss=abs(loss - plain_loss),
+      plain_grads=replica_task.Worst(grads, plain_grads),
       values=replica_task.Worst(replica_task.Values(task), ref_values),
       devices=[task.pipe.ReplicaDevices(r) for r in range(replicas)],
       var_tasks=sorted({tf.DeviceSpec.from_string(v.device).task
@@ -102,6 +107,8 @@ class ReplicasClusterTest(absltest.TestCase):
       self.assertEqual(got['num_grads'], 16, name)
       self.assertLess(got['loss'], 1e-12, name)
       self.assertLess(got['grads'], 1e-12, name)
+      self.assertLess(got['plain_loss'], 1e-12, name)
+      self.assertLess(got['plain_grads'], 1e-12, name)
       self.assertLess(got['values'], 1e-12, name)
       self.assertEqual(got['var_tasks'], list(range(partitions)), name)
       for r, devices in enumerate(got['devices']):

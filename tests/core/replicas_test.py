@@ -4,10 +4,11 @@ R replicas x K partitions, each replica running M / R micro-batches, must
 train as one replica with the whole batch and M micro-batches (the same
 micro-batch size, so BatchNorm normalises the same rows): loss and every
 variable's gradient within 1e-12 in float64, dropout on, through FProp and
-in one pass, for every schedule; BatchNorm's moving averages those of the
-whole batch; every replica's copy of the pipeline's variables bitwise
-equal to replica 0's after each step and after a restore. The same on
-real servers: replicas_cluster_test.py.
+in one pass, for every schedule, and the same against the layers with no
+pipeline at all and the loss written out (R = 1 and 2); BatchNorm's moving
+averages those of the whole batch; every replica's copy of the pipeline's
+variables bitwise equal to replica 0's after each step and after a restore.
+The same on real servers: replicas_cluster_test.py.
 """
 
 import os
@@ -64,6 +65,23 @@ class ReplicasTest(tf.test.TestCase, parameterized.TestCase):
               one_pass=one_pass, recompute=recompute), batch)
     ref_loss, ref_grads = replica_task.Gradients(_Task(1, micro, 1), batch)
     self.assertLen(grads, 16)  # 4 blocks: w, b, gamma, beta
+    self.assertAllClose(loss, ref_loss, atol=_TOL, rtol=0)
+    self.assertLess(replica_task.Worst(grads, ref_grads), _TOL)
+
+  @parameterized.parameters(
+      (1, 2, 'gpipe', False), (2, 1, 'gpipe', False), (1, 2, '1f1b', True),
+      (2, 2, '1f1b', True), (2, 2, 'gpipe', True))
+  def testGradientsEqualAPlainModel(self, num_replicas, partitions,
+                                    schedule, one_pass):
+    """Against the same layers with no pipeline and the loss written out
+    (replica_task.PlainGradients), not against another pipeline."""
+    batch = replica_task.Batch(keys=True)
+    micro = 4
+    task = _Task(partitions, micro, num_replicas, schedule=schedule,
+                 one_pass=one_pass)
+    loss, grads = replica_task.Gradients(task, batch)
+    ref_loss, ref_grads = replica_task.PlainGradients(task, batch, micro)
+    self.assertLen(grads, 16)
     self.assertAllClose(loss, ref_loss, atol=_TOL, rtol=0)
     self.assertLess(replica_task.Worst(grads, ref_grads), _TOL)
 
