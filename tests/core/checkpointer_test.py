@@ -1,6 +1,8 @@
 """Checkpointer: save, restore, fall back, and survive SIGKILL mid-save."""
 
 import os
+import random
+import re
 import signal
 import subprocess
 import sys
@@ -148,13 +150,18 @@ class CheckpointerTest(tf.test.TestCase):
       checkpointer.Checkpointer(directory, other).RestoreLatest()
 
   def testSigkillDuringSavesNeverLeavesAnUnreadableLatest(self):
-    directory = self.create_tempdir().full_path
-    script = textwrap.dedent(f'''
+    """SIGKILL at random moments of a loop of saves, again until kills
+    have landed during a save (_CutShort: a save's files left behind)
+    _MID_SAVE_KILLS times, at most _KILL_SECONDS. After every kill, every
+    checkpoint the directory lists restores with its own step's values,
+    and RestoreLatest takes the newest of them."""
+    script = textwrap.dedent('''
+        import sys
         import tensorflow as tf
         from lingvo_pipe.core import checkpointer
-        v = {{'model/w': tf.Variable(tf.zeros([256, 1024])),
-              'global_step': tf.Variable(0, dtype=tf.int64)}}
-        ckpt = checkpointer.Checkpointer({directory!r}, v, max_to_keep=3)
+        v = {'model/w': tf.Variable(tf.zeros([256, 1024])),
+             'global_step': tf.Variable(0, dtype=tf.int64)}
+        ckpt = checkpointer.Checkpointer(sys.argv[1], v, max_to_keep=3)
         print('ready', flush=True)
         step = 0
         while True:
@@ -164,22 +171,54 @@ class CheckpointerTest(tf.test.TestCase):
           ckpt.Save(step)
         ''')
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-    # Kill at several moments after the saving loop started.
-    for delay in (0.07, 0.31):
-      proc = subprocess.Popen([sys.executable, '-c', script], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    rng = random.Random(0)
+    cut_short, kills = [], 0
+    deadline = time.monotonic() + _KILL_SECONDS
+    while len(cut_short) < _MID_SAVE_KILLS and time.monotonic() < deadline:
+      directory = self.create_tempdir().full_path
+      proc = subprocess.Popen([sys.executable, '-c', script, directory],
+                              env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL)
       self.assertEqual(proc.stdout.readline().strip(), b'ready')
-      time.sleep(delay)
+      time.sleep(rng.uniform(0.05, 0.5))
       proc.send_signal(signal.SIGKILL)
       proc.wait()
+      kills += 1
       w = {'model/w': tf.Variable(tf.zeros([256, 1024])),
            'global_step': tf.Variable(0, dtype=tf.int64)}
-      path = checkpointer.Checkpointer(directory, w).RestoreLatest()
-      if path is None:
-        continue
-      step = int(w['global_step'])
-      self.assertEqual(step, checkpointer.StepOf(path))
-      self.assertAllEqual(w['model/w'], tf.fill([256, 1024], float(step)))
+      ckpt = checkpointer.Checkpointer(directory, w)
+      listed = ckpt.Paths()
+      left = _CutShort(directory, listed)
+      if left:
+        cut_short.append(left)
+      for path in listed:
+        ckpt.Restore(path)
+        step = checkpointer.StepOf(path)
+        self.assertEqual(int(w['global_step']), step, path)
+        self.assertAllEqual(w['model/w'], tf.fill([256, 1024], float(step)))
+      latest = ckpt.RestoreLatest()
+      self.assertEqual(latest, listed[0] if listed else None)
+    self.assertLen(cut_short, _MID_SAVE_KILLS,
+                   f'{len(cut_short)} of {kills} kills in {_KILL_SECONDS} s '
+                   f'landed during a save; {_MID_SAVE_KILLS} needed')
+
+
+# Kills that must land during a save, and the time they may take.
+_MID_SAVE_KILLS, _KILL_SECONDS = 2, 120
+
+
+def _CutShort(directory, listed):
+  """Names in `directory` a save killed before it finished leaves: TF's
+  temporary files (a checkpoint's '_temp' shards, the state file's '.tmp'
+  copy) or the files of a checkpoint newer than every one `listed`."""
+  newest = max(map(checkpointer.StepOf, listed), default=0)
+  left = []
+  for name in sorted(os.listdir(directory)):
+    match = re.match(r'ckpt-(\d+)[._]', name)
+    if ('_temp' in name or '.tmp' in name or
+        (match and int(match.group(1)) > newest)):
+      left.append(name)
+  return left
 
 
 def _Bits(x):
