@@ -8,6 +8,8 @@ main parses flags there (here we mark them parsed, for create_tempdir).
 import os
 import signal
 
+import pytest
+
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 # Tests send SIGINT to the processes they start, as a terminal's Ctrl-C
@@ -64,13 +66,36 @@ def pytest_collection_modifyitems(config, items):
 TIMING_SKIP = 'timing skipped under load: '
 
 
+# Set (tools/test.sh --strict-timing), such a skip fails instead: for a
+# release check, on a machine known to be quiet (CONTRIBUTING.md).
+STRICT_TIMING = 'LINGVO_PIPE_STRICT_TIMING'
+
+
+def _TimingSkipReason(report):
+  reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ''
+  return reason.split(TIMING_SKIP, 1)[1] if TIMING_SKIP in reason else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  del item, call  # unused
+  outcome = yield
+  report = outcome.get_result()
+  if not (report.skipped and os.environ.get(STRICT_TIMING) == '1'):
+    return
+  reason = _TimingSkipReason(report)
+  if reason is not None:
+    report.outcome = 'failed'
+    report.longrepr = (f'{STRICT_TIMING}=1: a timing test may not skip: '
+                       f'{reason}')
+
+
 def pytest_terminal_summary(terminalreporter):
   skipped = []
   for report in terminalreporter.stats.get('skipped', []):
-    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ''
-    if TIMING_SKIP in reason:
-      skipped.append(f'{report.nodeid}: '
-                     f'{reason.split(TIMING_SKIP, 1)[1]}')
+    reason = _TimingSkipReason(report)
+    if reason is not None:
+      skipped.append(f'{report.nodeid}: {reason}')
   terminalreporter.write_line(
       f'timing tests skipped under load: {len(skipped)}',
       yellow=bool(skipped))
