@@ -3,8 +3,10 @@
 Against the sequential reference of pipeline_testlib: with the same
 micro-batch split and each variable's gradients summed in the order of its
 stage's backwards in the table, loss, input gradient and every variable's
-gradient (the loss head's included) are bitwise equal; against the full
-batch, within 1e-12 in float64. The matrix: schedule, K, V, M and
+gradient (the loss head's included) are bitwise equal; against one tape
+over the whole batch (BatchNorm's: over its micro-batches, as BatchNorm
+normalises each), within 1e-12 in float64, so a wrong table order
+cannot hide behind the bitwise check. The matrix: schedule, K, V, M and
 recompute mode, dropout on; BatchNorm on for every schedule and mode.
 Zero bubble (zb_h1) splits each backward into B and W (backward_split.py):
 the same ops, so the same bits; so does any schedule with split_backward.
@@ -85,6 +87,24 @@ def _MicroBatchReference(ref, scale, inputs, m):
   return losses, grads, dxs
 
 
+def _OneTape(ref, scale, inputs, m):
+  """(loss, {id(var): grad}, d inputs.vec) of the plain model with the
+  batch cut into m micro-batches in one forward (the loss of the whole
+  batch, one tape: TensorFlow's own order of sums). Eager."""
+  variables = ref.vars.Flatten() + [scale]
+  with tf.GradientTape() as tape:
+    tape.watch(inputs.vec)
+    parts = [NestedMap(zip(sorted(inputs), t)) for t in zip(*[
+        tf.split(inputs[key], m) for key in sorted(inputs)])]
+    outs = [ref.FProp(ref.theta, part) for part in parts]
+    out = tf.nest.map_structure(lambda *t: tf.concat(t, 0), *outs)
+    loss = _HeadMetrics(NestedMap(scale=scale), out,
+                        NestedMap(target=_Target()))['loss'][0]
+  g = tape.gradient(loss, variables + [inputs.vec],
+                    unconnected_gradients=tf.UnconnectedGradients.ZERO)
+  return loss, {id(v): x for v, x in zip(variables, g)}, g[-1]
+
+
 def _OnePassReference(variables, per_micro_batch, sum_orders):
   """`_MicroBatchReference`'s shares summed: the loss in micro-batch
   order, each variable's gradients in `sum_orders[id(var)]` order (the
@@ -160,32 +180,27 @@ class OnePassTest(tf.test.TestCase, parameterized.TestCase):
 
   @classmethod
   def _FullBatch(cls):
-    with tf.GradientTape() as tape:
-      tape.watch(cls._inputs.vec)
-      out = cls._ref.FProp(cls._ref.theta, cls._inputs)
-      loss = _HeadMetrics(NestedMap(scale=cls._scale), out,
-                          NestedMap(target=_Target()))['loss'][0]
-    variables = cls._ref.vars.Flatten() + [cls._scale]
-    g = tape.gradient(loss, variables + [cls._inputs.vec])
-    return loss, {id(v): x for v, x in zip(variables, g)}, g[-1]
+    return _OneTape(cls._ref, cls._scale, cls._inputs, 1)
 
   def _Check(self, pipe, m, fn_wrapper, ref=None):
-    """Against the full batch (1e-12) unless `ref` (then BatchNorm's: it
-    normalises per micro-batch), and bitwise against the same split."""
+    """Within 1e-12 against one tape over the whole batch (with `ref`,
+    BatchNorm's, over the batch's M micro-batches, as it normalises per
+    micro-batch: no order taken from the table), and bitwise against the
+    same split summed in the table's order."""
     full = ref is None
     ref = self._ref if full else ref
     pairs = lib.PairedVariables(pipe, ref) + [(self._scale, self._scale)]
     for pv, rv in pairs:  # same seed paths, so identical initial values
       self.assertAllEqual(pv, rv)
+    whole_loss, whole_grads, whole_dx = (
+        self._full if full else _OneTape(ref, self._scale, self._inputs, m))
     loss, grads, dx, metrics = _OnePassGrads(pipe, self._scale, self._inputs,
                                              fn_wrapper)
-    if full:
-      full_loss, full_grads, full_dx = self._full
-      self.assertAllClose(full_loss, loss, atol=1e-12, rtol=0)
-      self.assertAllClose(full_dx, dx, atol=1e-12, rtol=0)
-      for pv, rv in pairs:
-        self.assertAllClose(full_grads[id(rv)], grads[id(pv)], atol=1e-12,
-                            rtol=0, msg=pv.name)
+    self.assertAllClose(whole_loss, loss, atol=1e-12, rtol=0)
+    self.assertAllClose(whole_dx, dx, atol=1e-12, rtol=0)
+    for pv, rv in pairs:
+      self.assertAllClose(whole_grads[id(rv)], grads[id(pv)], atol=1e-12,
+                          rtol=0, msg=pv.name)
     self.assertEqual(float(metrics['loss'][1]), lib.BATCH)
     self.assertEqual(float(metrics['mean_vec'][1]), lib.BATCH)
     # Same split, op determinism, the table's order of sums: bitwise.
