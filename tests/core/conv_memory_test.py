@@ -69,6 +69,13 @@ class ConvMemoryTest(absltest.TestCase):
     bound = 2 * LAYERS * ACTIVATION + 2 * PATCHES
     self.assertLess(peak, bound, f'peak {peak / 2**20:.2f} MiB, bound '
                     f'{bound / 2**20:.2f} MiB')
+    # And no less than what the backward cannot do without: every layer's
+    # ReLU output (its own gradient and the next filter's read it) beside
+    # the patches of the filter gradient it computes first. A measurement
+    # that missed the backward, or read nothing, is below it.
+    least = LAYERS * ACTIVATION + PATCHES
+    self.assertGreater(peak, least, f'peak {peak / 2**20:.2f} MiB, least '
+                       f'{least / 2**20:.2f} MiB')
 
 
 if __name__ == '__main__':

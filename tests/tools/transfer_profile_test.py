@@ -1,5 +1,8 @@
-"""transfer_profile: the fitted cost line, and the hand-off and all-reduce
-measured between two logical CPUs of this process."""
+"""transfer_profile: the fitted cost line, the measuring against a known
+cost, and the hand-off and all-reduce measured between two logical CPUs
+of this process (they run; what they read there is noise about 0)."""
+
+import time
 
 from absl.testing import absltest
 
@@ -34,20 +37,45 @@ class TransferProfileTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'two or more distinct sizes'):
       transfer_profile.Fit([(1000, 0.002), (1000, 0.003)])
 
+  def testPointsTakeTheTwinAwayAndTheFitFindsAKnownCost(self):
+    """Calls that sleep a known latency and rate, beside a twin that
+    sleeps 3 ms: the fit of the points is that cost, the twin taken
+    away (left in, the latency would read 3 ms more)."""
+    latency, per_mib = 0.004, 0.002
+
+    class Done:
+      def numpy(self):
+        return None
+
+    def Measured(size):
+      time.sleep(latency + 0.003 + per_mib * size / MIB)
+      return Done()
+
+    def Twin(unused_size):
+      time.sleep(0.003)
+      return Done()
+
+    cost = transfer_profile.Fit(transfer_profile._Points(  # pylint: disable=protected-access
+        Measured, Twin, (MIB, 2 * MIB, 4 * MIB), num_runs=3))
+    self.assertAlmostEqual(cost.latency_s, latency, delta=0.0015)
+    self.assertAlmostEqual(cost.seconds_per_byte * MIB, per_mib,
+                           delta=0.25 * per_mib)
+
   def testMeasuredBetweenTwoDevicesOfThisProcess(self):
+    """Runs and names its devices. What it measures in one process is
+    noise about 0 (logical CPUs share memory; the fit clamps it): the
+    measuring is checked against a known cost above, and a measured
+    hand-off between worker processes by plan_test."""
     names = devices.SplitCpu(4)
     cost = transfer_profile.Measure(names[0], names[1], num_runs=1)
-    self.assertGreaterEqual(cost.latency_s, 0.0)
-    self.assertGreaterEqual(cost.seconds_per_byte, 0.0)
+    self.assertTrue(cost.measured)
     self.assertEqual(cost.between, f'{names[0]} -> {names[1]}')
 
   def testShareOfTheDevicesTime(self):
     names = devices.SplitCpu(4)
     shares = transfer_profile.MeasureBusy(names[0], names[1], num_runs=1,
                                           size=2**16, count=2)
-    self.assertLen(shares, 2)
-    for share in shares:  # clamped: noise cannot make it negative or > 1
-      self.assertBetween(share, 0.0, 1.0)
+    self.assertLen(shares, 2)  # sender, receiver (noise in one process)
     cost = transfer_profile.TransferCost(
         latency_s=0.001, seconds_per_byte=1e-3 / MIB, between='w0 -> w1',
         measured=True, sender_busy=0.6, receiver_busy=0.75)
@@ -74,9 +102,7 @@ class TransferProfileTest(absltest.TestCase):
     names = devices.SplitCpu(4)
     cost = transfer_profile.MeasureAllReduce(names[:2], sizes=(2**16, 2**18),
                                              num_runs=1)
-    self.assertTrue(cost.measured)
-    self.assertGreaterEqual(cost.latency_s, 0.0)
-    self.assertGreaterEqual(cost.seconds_per_byte, 0.0)
+    self.assertTrue(cost.measured)  # its size: noise in one process
     self.assertIn(names[0], cost.between)
 
 

@@ -20,6 +20,7 @@ import tempfile
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
+import sacrebleu
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -189,16 +190,46 @@ class RegisteredMTModelsTest(tf.test.TestCase, parameterized.TestCase):
     self.assertTrue(np.isfinite(out.loss.numpy()), key)
     self.assertTrue(bool(out.is_finite))
     self.assertEqual(1, int(out.global_step))
-    self.assertBetween(float(out.token_accuracy), 0.0, 1.0)
+    # Evaluation's token accuracy against its definition in numpy (argmax
+    # of the logits equal to the label, over real target tokens), on
+    # labels half of which are the model's argmax: the logits read the
+    # target ids, not the labels, so the accuracy is far from 0 without
+    # training, and a wrong count or normaliser shows.
+    with task._Mode(training=False):  # pylint: disable=protected-access
+      logits = task.ComputePredictions(task.EvalTheta(None),
+                                       batch).logits.numpy()
+    guess = logits.argmax(-1)
+    labels = batch.tgt.labels.numpy().copy()
+    half = np.arange(labels.size).reshape(labels.shape) % 2 == 0
+    labels[half] = guess[half]
+    relabelled = tf.nest.map_structure(lambda t: t, batch)
+    relabelled.tgt.labels = tf.constant(labels, batch.tgt.labels.dtype)
+    metrics = tf.function(task.EvalStep, autograph=False)(relabelled)
+    weight = 1.0 - batch.tgt.paddings.numpy()
+    want = ((guess == labels) * weight).sum() / weight.sum()
+    self.assertGreater(want, 0.3)
+    self.assertAllClose(want, metrics.token_accuracy[0], atol=1e-6, rtol=0)
     # Decoding runs eagerly here (no trace), on a Dev batch.
     dev_batch = next(iter(dev_p.Instantiate().GetDataset()))
     decoded = task.DecodeStep(dev_batch)
     self.assertEqual([4, 8], decoded.hyp_ids.shape)
+    # Sentences 0 and 1 get their own hypothesis as reference: those two
+    # match exactly and their texts agree, so neither metric can be 0; the
+    # score is sacreBLEU's of the texts the metric kept.
+    out = tf.nest.map_structure(lambda t: t.numpy(), decoded)
+    out.ref_ids = out.ref_ids.copy()
+    out.ref_ids[:2] = out.hyp_ids[:2]
     metrics = task.CreateDecoderMetrics()
-    task.PostProcessDecodeOut(
-        tf.nest.map_structure(lambda t: t.numpy(), decoded), metrics)
-    self.assertBetween(metrics['bleu'].value, 0.0, 100.0)
+    task.PostProcessDecodeOut(out, metrics)
+    _, hyps, refs = metrics['bleu'].Texts()
+    self.assertEqual(hyps[:2], refs[:2])
+    self.assertTrue(all(refs[2:]), refs)
+    self.assertEqual(sacrebleu.corpus_bleu(hyps, [refs]).score,
+                     metrics['bleu'].value)
     self.assertEqual(4, metrics['exact_match'].total_weight)
+    self.assertGreaterEqual(metrics['exact_match'].value, 0.5)
+    self.assertTrue(all(hyps[:2]), hyps)  # untrained: never </s> first
+    self.assertGreater(metrics['bleu'].value, 0.0)
 
 
 def _TransformerCount(enc, dec, d, h, v):

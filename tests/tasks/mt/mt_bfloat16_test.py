@@ -115,11 +115,35 @@ class StateAndHandOffsTest(tf.test.TestCase):
     self.assertLen(directions, 2 if step == task.TrainStep else 1)
     return {h.tensor.dtype for h in found}
 
+  def _MatMuls(self, task):
+    """{dtype: count} of the matrix products in a traced training step,
+    the functions it calls (the pipeline's stages) included."""
+    graph_def = tf.function(task.TrainStep, autograph=False
+                            ).get_concrete_function(self._batch
+                                                    ).graph.as_graph_def()
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+      nodes += function.node_def
+    counts = {}
+    for node in nodes:
+      if node.op in ('MatMul', 'BatchMatMulV2', 'BatchMatMulV3', 'Einsum'):
+        dtype = tf.as_dtype(node.attr['T'].type)
+        counts[dtype] = counts.get(dtype, 0) + 1
+    return counts
+
   def testEveryLayerComputesInBfloat16(self):
     task = self._Task(_BF16)
     for layer in task.Layers():
       self.assertEqual(_BF16, layer.fprop_dtype, layer.path)
       self.assertEqual(tf.float32, layer.params.dtype, layer.path)
+    # The ops, not the attribute: every matrix product of the step,
+    # forward and backward, in bfloat16; as many as in float32, where
+    # every one is float32.
+    bf16, f32 = self._MatMuls(task), self._MatMuls(self._Task(None))
+    self.assertEqual([_BF16], list(bf16))
+    self.assertEqual([tf.float32], list(f32))
+    self.assertEqual(bf16[_BF16], f32[tf.float32])
+    self.assertGreater(bf16[_BF16], 30)
 
   def testStateIsFloat32HandOffsBfloat16(self):
     task = self._Task(_BF16)
