@@ -136,10 +136,9 @@ class ReadmeTest(absltest.TestCase):
     for argv in self._commands:
       module, args = _Module(argv)
       if module == 'lingvo_pipe.tools.plan':
-        if os.cpu_count() >= 2:
-          out = self._Run(module, args).stdout
-          self.assertIn('Predicted step:', out)
-          ran += 1
+        out = self._Run(module, args).stdout
+        self.assertIn('Predicted step:', out)
+        ran += 1
         continue
       if module != 'lingvo_pipe.trainer':
         continue

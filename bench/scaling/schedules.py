@@ -38,10 +38,10 @@ costs on every placement of one or two stages a worker
 half their 1F1B stage's costs, `ScaledCosts`, the hand-off where a
 boundary crosses workers), keeps the one that simulates shortest,
 `schedule_file.Dump` writes it to a temporary .csv, and that path (with
-its V) is the PipeliningLayer's schedule of 'auto (measured costs)'. Reported: median
-seconds per step, throughput = t(K=1 M=1) / t, and the ideal of each
-schedule, the throughput its table reaches when every stage's forward
-costs the same and a backward twice that, hand-offs free
+its V) is the PipeliningLayer's schedule of 'auto (measured costs)'.
+Reported: median seconds per step, throughput = t(K=1 M=1) / t, and the
+ideal of each schedule, the throughput its table reaches when every
+stage's forward costs the same and a backward twice that, hand-offs free
 (`schedule.Simulate`): K*M/(M+K-1) for GPipe and 1F1B, more for
 interleaved (ZB-H1's ideal takes its B and W as one backward each: 2/3
 and 1/3 of it; so does a split table). Each configuration's bubble is
