@@ -75,7 +75,9 @@ class TransferProfileTest(absltest.TestCase):
     names = devices.SplitCpu(4)
     shares = transfer_profile.MeasureBusy(names[0], names[1], num_runs=1,
                                           size=2**16, count=2)
-    self.assertLen(shares, 2)  # sender, receiver (noise in one process)
+    # Sender, receiver: noise in one process; between worker processes
+    # plan_test finds them above 0.
+    self.assertLen(shares, 2)
     cost = transfer_profile.TransferCost(
         latency_s=0.001, seconds_per_byte=1e-3 / MIB, between='w0 -> w1',
         measured=True, sender_busy=0.6, receiver_busy=0.75)
