@@ -157,7 +157,7 @@ class MultiHeadAttention(base_layer.BaseLayer):
     """x [b, t, d] -> [b, t, h, dh] with w_<name> (and b_<name>)."""
     y = PerExampleMatmul(x, theta[f'w_{name}'])
     if self.params.use_bias:
-      y += tf.cast(theta[f'b_{name}'], x.dtype)
+      y = tf.nn.bias_add(y, tf.cast(theta[f'b_{name}'], x.dtype))
     h = self.params.num_heads
     return tf.reshape(y, _Dims(y, 2) + [h, self._hidden_dim // h])
 
@@ -241,7 +241,7 @@ class MultiHeadAttention(base_layer.BaseLayer):
     ctx = tf.reshape(ctx, _Dims(ctx, 2) + [self._hidden_dim])
     encoded = PerExampleMatmul(ctx, theta.w_post)
     if self.params.use_bias:
-      encoded += tf.cast(theta.b_post, ctx.dtype)
+      encoded = tf.nn.bias_add(encoded, tf.cast(theta.b_post, ctx.dtype))
     return encoded, probs
 
   @classmethod

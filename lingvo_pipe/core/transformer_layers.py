@@ -191,10 +191,10 @@ class TransformerFeedForwardLayer(base_layer.BaseLayer):
     dtype = inputs.dtype
     x = self.ln.FProp(theta.ln, inputs)
     h = attention.PerExampleMatmul(x, theta.w1)
-    h = tf.nn.relu(h + tf.cast(theta.b1, dtype))
+    h = tf.nn.relu(tf.nn.bias_add(h, tf.cast(theta.b1, dtype)))
     h = self.relu_dropout.FProp(theta.relu_dropout, h, example_keys)
     y = attention.PerExampleMatmul(h, theta.w2)
-    y += tf.cast(theta.b2, dtype)
+    y = tf.nn.bias_add(y, tf.cast(theta.b2, dtype))
     y = self.residual_dropout.FProp(theta.residual_dropout, y, example_keys)
     return inputs + y
 
