@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -158,12 +159,14 @@ def RunTorch(weights: str, k: int, m: int, schedule: str, recompute: str,
   port = local_workers.FreePorts(1)[0]
   cores = sorted(os.sched_getaffinity(0))
   procs = []
+  taskset = shutil.which('taskset')  # else unpinned, as LocalWorkers
   for rank in range(k):
-    command = ['taskset', '-c', str(cores[rank % len(cores)]),
-               args.torch_python, '-m', 'bench.peers.torch_pipe',
-               f'--weights={weights}', f'--config={k},{m},{schedule},'
-               f'{recompute}', f'--rank={rank}', f'--port={port}',
-               f'--rounds={args.rounds}', f'--warmup={args.warmup}']
+    pin = [taskset, '-c', str(cores[rank % len(cores)])] if taskset else []
+    command = pin + [
+        args.torch_python, '-m', 'bench.peers.torch_pipe',
+        f'--weights={weights}', f'--config={k},{m},{schedule},{recompute}',
+        f'--rank={rank}', f'--port={port}', f'--rounds={args.rounds}',
+        f'--warmup={args.warmup}']
     procs.append(subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, OMP_NUM_THREADS='1')))
