@@ -121,7 +121,6 @@ from bench.scaling import pipeline as scaling  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 from lingvo_pipe.core import schedule  # noqa: E402
 from lingvo_pipe.core import schedule_file  # noqa: E402
-from lingvo_pipe.core import schedule_search  # noqa: E402
 from lingvo_pipe.core import step_trace  # noqa: E402
 from lingvo_pipe.core.schedules import registry  # noqa: E402
 from lingvo_pipe.tools import plan_search  # noqa: E402
@@ -285,17 +284,17 @@ def SearchMeasured(workers: local_workers.LocalWorkers,
   finally:
     workers.Stop()
   s, costs = COSTS_SETUP, measured[COSTS_SETUP.ToText()]
-  tried = {}  # V -> (the table searched, its costs, its hops), V = 1, 2
+  # V -> (simulated step, table, hops) of the best placement of V stages
+  # a worker, each stage its share of the 1F1B stage holding its layers.
+  tried = {}
   for v in (1, 2):
     scaled = ScaledCosts(costs, s.k * v)
-    for devs in plan_search.Placements(s.k, v):
-      hops = _Hops(devs, costs['hop'][0])
-      table = schedule_search.Search(devs, s.m, scaled['F'], scaled['B'],
-                                     scaled['W'], hops, name=SEARCHED)
-      if v not in tried or _Step(table, scaled, hops) < _Step(*tried[v]):
-        tried[v] = (table, scaled, hops)
-  v = min(tried, key=lambda x: _Step(*tried[x]))
-  table = tried[v][0]
+    tried[v] = plan_search.SearchPlacements(
+        SEARCHED, s.m, scaled['F'], scaled['B'], scaled['W'],
+        plan_search.Placements(s.k, v),
+        lambda devs: _Hops(devs, costs['hop'][0]))
+  v = min(tried, key=lambda x: tried[x][0])
+  table = tried[v][1]
   path = os.path.join(directory, 'auto_measured.csv')
   schedule_file.Dump(table, path)
   simulated = {name: _Step(t, ScaledCosts(costs, t.num_stages),
@@ -305,7 +304,7 @@ def SearchMeasured(workers: local_workers.LocalWorkers,
       ('zb_h1', registry.Make('zb_h1', s.k, s.m)),
       ('zb_v', registry.Make('zb_v', s.k, s.m, 2)),
       ('auto', registry.Make('auto', s.k, s.m)))}
-  simulated.update({f'{SEARCHED}, V={x}': _Step(*tried[x]) for x in tried})
+  simulated.update({f'{SEARCHED}, V={x}': tried[x][0] for x in tried})
   with open(path) as f:
     csv_text = f.read()
   record = {'path': path, 'v': v, 'costs': measured, 'simulated': simulated,

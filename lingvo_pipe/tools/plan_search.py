@@ -267,8 +267,10 @@ def Predicted(name: str, profiles: Sequence[Profile], batch_size: int,
   if registry.Lookup(layout.schedule_name).searched:
     # The table searched with these costs (the stages' costs do not
     # depend on the order; what they hold does: predicted again).
-    table, hops = _Searched(layout.schedule_name, parts, m,
-                            Placements(s_total // v, v), Hops)
+    _, table, hops = SearchPlacements(
+        layout.schedule_name, m, [p.forward_s for p in parts],
+        [p.backward_s for p in parts], [p.weight_s for p in parts],
+        Placements(s_total // v, v), Hops)
     parts = step_model.Predict(profiles, bounds, m, recompute,
                                layout.schedule_name, v, table=table)
   all_reduce = [exchange.Seconds(sum(p.param_bytes for p in profiles[a:b]))
@@ -307,22 +309,23 @@ def Placements(num_devices: int, num_virtual_stages: int
   return out
 
 
-def _Searched(name: str, parts: Sequence[step_model.PartitionPrediction],
-              m: int, placements: Sequence[Sequence[int]],
-              hops_of: Any) -> Tuple[schedule.Schedule, List[float]]:
+def SearchPlacements(name: str, m: int, forward_s: Sequence[float],
+                     backward_s: Sequence[float], weight_s: Sequence[float],
+                     placements: Sequence[Sequence[int]], hops_of: Any
+                     ) -> Tuple[float, schedule.Schedule, List[float]]:
   """schedule_search.Search's table for the stages' costs on each of
-  `placements`, the one with the shortest simulated step, and its hops
-  (`hops_of(placement)`)."""
-  f, b, w = ([p.forward_s for p in parts], [p.backward_s for p in parts],
-             [p.weight_s for p in parts])
+  `placements`: (simulated step, table, hops) of the one with the
+  shortest step, its hops `hops_of(placement)`."""
   best = None
   for devs in placements:
     hops = hops_of(devs)
-    table = schedule_search.Search(devs, m, f, b, w, hops, name=name)
-    step = schedule.Simulate(table, f, b, hop_s=hops, weight_s=w).step
+    table = schedule_search.Search(devs, m, forward_s, backward_s, weight_s,
+                                   hops, name=name)
+    step = schedule.Simulate(table, forward_s, backward_s, hop_s=hops,
+                             weight_s=weight_s).step
     if best is None or step < best[0]:
       best = (step, table, hops)
-  return best[1], best[2]
+  return best
 
 
 def InLayout(result: PlanResult, layout: Layout) -> PlanResult:
