@@ -67,8 +67,7 @@ def _MicroBatchReference(ref, scale, inputs, m):
   """The plain model on the same split, each micro-batch's loss share
   differentiated alone: (losses, [per-variable grads], dxs). Eager."""
   variables = ref.vars.Flatten() + [scale]
-  parts = [NestedMap(zip(sorted(inputs), t)) for t in zip(*[
-      tf.split(inputs[key], m) for key in sorted(inputs)])]
+  parts = lib.Split(inputs, m)
   targets = tf.split(_Target(), m)
   losses, grads, dxs = [], [], []
   for part, target in zip(parts, targets):
@@ -94,8 +93,7 @@ def _OneTape(ref, scale, inputs, m):
   variables = ref.vars.Flatten() + [scale]
   with tf.GradientTape() as tape:
     tape.watch(inputs.vec)
-    parts = [NestedMap(zip(sorted(inputs), t)) for t in zip(*[
-        tf.split(inputs[key], m) for key in sorted(inputs)])]
+    parts = lib.Split(inputs, m)
     outs = [ref.FProp(ref.theta, part) for part in parts]
     out = tf.nest.map_structure(lambda *t: tf.concat(t, 0), *outs)
     loss = _HeadMetrics(NestedMap(scale=scale), out,

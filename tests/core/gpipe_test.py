@@ -92,8 +92,7 @@ def _SplitReferenceGrads(ref, inputs, m):
   variables = ref.vars.Flatten()
 
   def Step(inputs):
-    parts = [NestedMap(zip(sorted(inputs), t)) for t in zip(*[
-        tf.split(inputs[key], m) for key in sorted(inputs)])]
+    parts = lib.Split(inputs, m)
     tapes, outs = [], []
     for part in parts:
       tape = tf.GradientTape()

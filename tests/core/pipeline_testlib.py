@@ -88,6 +88,12 @@ def Pipeline(k, m, recompute, schedule='gpipe', v=1, split_backward=False,
       split_backward=split_backward).Instantiate()
 
 
+def Split(inputs, m):
+  """`inputs` (a flat NestedMap) as m micro-batches, in order."""
+  return [NestedMap(zip(sorted(inputs), t)) for t in zip(*[
+      tf.split(inputs[key], m) for key in sorted(inputs)])]
+
+
 def Inputs(step=7):
   x = tf.random.stateless_normal([BATCH, DIM], [1, 2], dtype=tf.float64)
   skip = tf.random.stateless_normal([BATCH, DIM], [3, 4], dtype=tf.float64)

@@ -100,14 +100,18 @@ class ReplicaTask(base_model.BaseTask):
         loss=per_example)
 
 
+def _Blocks(num_blocks, batch_norm, keep_prob):
+  """Params of blocks b0 .. b<num_blocks - 1>."""
+  return [Block.Params().Set(name=f'b{i}', batch_norm=batch_norm,
+                             keep_prob=keep_prob) for i in range(num_blocks)]
+
+
 def TaskParams(partitions, micro_batches, replicas=1, devices=None,
                batch_norm=True, keep_prob=0.7, num_blocks=4, schedule='gpipe',
                one_pass=False, recompute='always'):
   """ReplicaTask params: `num_blocks` blocks over `partitions` cells,
   `micro_batches` (M, over every replica) micro-batches."""
-  blocks = [Block.Params().Set(name=f'b{i}', batch_norm=batch_norm,
-                               keep_prob=keep_prob)
-            for i in range(num_blocks)]
+  blocks = _Blocks(num_blocks, batch_norm, keep_prob)
   per = num_blocks // partitions
   cells = [layers.SequentialLayer.Params().Set(sub=blocks[k * per:
                                                           (k + 1) * per])
@@ -167,9 +171,7 @@ def PlainGradients(task, batch, micro_batches, num_blocks=4, keep_prob=0.7,
   batch.example_keys), the loss mean_b 0.5 |y - target|^2 written out, one
   tf.GradientTape. Every variable of the plain model takes the task's
   value of the same Name (an error if the task has none)."""
-  blocks = [Block.Params().Set(name=f'b{i}', batch_norm=batch_norm,
-                               keep_prob=keep_prob)
-            for i in range(num_blocks)]
+  blocks = _Blocks(num_blocks, batch_norm, keep_prob)
   model = PlainModel.Params().Set(name='task', blocks=blocks,
                                   pre_post=pre_post).Instantiate()
   values = Values(task)
