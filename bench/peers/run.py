@@ -1,8 +1,8 @@
 """Ours against PyTorch's own pipelining: the same stack on the same cores.
 
   .venv/bin/python -m bench.peers.run [--rounds=10] [--warmup=2]
-      [--ms=4,8,32] [--modes=never,always] [--torch_python=PYTHON]
-      [--json_out=FILE]
+      [--repeats=2] [--ms=4,8,32] [--modes=never,always]
+      [--torch_python=PYTHON] [--json_out=FILE]
 
 What runs, in one run on the two cores (one core a process, never two
 timed processes at once):
@@ -17,6 +17,12 @@ timed processes at once):
   to its core, one thread each, and SGD on each rank; K=1: one process
   on core 0. Recompute 'always' is torch.utils.checkpoint around each
   layer.
+
+--repeats: torch's configurations, then ours, then torch's again and so
+on, each time --rounds timed steps a configuration; a row's median is
+over all of them, and each target also gives its ratio in every repeat
+(on a shared VM a ratio moved by up to 10% between runs half an hour
+apart, so a row is trusted only where its repeats agree).
 
 Checked: torch's first loss and gradient norm (every configuration) equal
 those of our layers on the same weights and batch (one GradientTape, no
@@ -67,6 +73,8 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
       prog='python -m bench.peers.run', description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=10)
   parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--repeats', type=int, default=2,
+                      help='Alternate torch and ours this many times.')
   parser.add_argument('--ms', default='4,8,32')
   parser.add_argument('--modes', default='never,always')
   parser.add_argument('--torch_python', default=sys.executable,
@@ -206,6 +214,34 @@ def RunAllTorch(weights: str, modes: Sequence[str], ms: Sequence[int],
   return out
 
 
+def Merge(into: Dict[str, dict], repeat: Dict[str, dict]) -> None:
+  """Adds one repeat's records: times joined, worker CPU averaged over
+  the repeats, each repeat's median kept in 'repeats'."""
+  for label, r in repeat.items():
+    if 'error' in r:
+      into.setdefault(label, r)
+      continue
+    r = dict(r, repeats=[statistics.median(r['times'])])
+    old = into.get(label)
+    if old is None or 'error' in old:
+      into[label] = r
+      continue
+    n = len(old['repeats'])
+    old['worker_cpu'] = [(a * n + b) / (n + 1) for a, b in
+                         zip(old['worker_cpu'], r['worker_cpu'])]
+    old['times'] = old['times'] + r['times']
+    old['repeats'] = old['repeats'] + r['repeats']
+
+
+def _Repeats(ours: dict, theirs: dict) -> str:
+  """' (repeats: 1.02, 0.98)': each repeat's ratio, when there are
+  several."""
+  pairs = list(zip(ours.get('repeats', []), theirs.get('repeats', [])))
+  if len(pairs) < 2:
+    return ''
+  return ' (repeats: ' + ', '.join(f'{a / b:.3f}' for a, b in pairs) + ')'
+
+
 # ---- the table ---------------------------------------------------------------
 
 
@@ -266,28 +302,38 @@ def Targets(mode: str, mine: dict, theirs: Dict[str, dict]) -> List[str]:
   med = {(r['k'], r['m'], r['schedule']): statistics.median(r['times'])
          for r in theirs.values()
          if r['recompute'] == mode and 'error' not in r}
+  rec = {(r['k'], r['m'], r['schedule']): r for r in theirs.values()
+         if r['recompute'] == mode and 'error' not in r}
   lines = []
   for m in (8, 32):
     for s in TORCH_SCHEDULES:
       if (2, m, s) in med and (2, m, s, 1, False) in mine:
         r = mine[(2, m, s, 1, False)][0] / med[(2, m, s)]
-        lines.append(f'- {s} K=2 M={m}: ours {r:.3f}x torch\'s (target '
-                     f'<= 1: {"ok" if r <= 1 else "MISS"})')
+        each = _Repeats(mine[(2, m, s, 1, False)][1], rec[(2, m, s)])
+        lines.append(f'- {s} K=2 M={m}: ours {r:.3f}x torch\'s{each} '
+                     f'(target <= 1: {"ok" if r <= 1 else "MISS"})')
   theirs8 = [t for (k, m, _), t in med.items() if k == 2 and m == 8]
   ours8 = {key: t for key, (t, _) in mine.items()
            if key[0] == 2 and key[1] == 8}
   if theirs8 and ours8:
     best = min(ours8, key=ours8.get)
     gain = min(theirs8) / ours8[best] - 1.0
+    fastest = min((r for key, r in rec.items() if key[:2] == (2, 8)),
+                  key=lambda r: statistics.median(r['times']))
+    pairs = list(zip(fastest.get('repeats', []),
+                     mine[best][1].get('repeats', [])))
+    each = (' (repeats: ' + ', '.join(f'{a / b - 1:+.1%}' for a, b in pairs)
+            + ')' if len(pairs) > 1 else '')
     lines.append(f'- fastest K=2 M=8: ours ({best[2]}{", split" * best[4]}'
                  f' V={best[3]}) {ours8[best]:.3f} s against torch\'s '
-                 f'{min(theirs8):.3f} s: {gain:+.1%} (target >= '
+                 f'{min(theirs8):.3f} s: {gain:+.1%}{each} (target >= '
                  f'+{FASTEST_MARGIN:.0%}: '
                  f'{"ok" if gain >= FASTEST_MARGIN else "MISS"})')
   one = mine.get((1, 1, 'gpipe', 1, False))
   if one and (1, 1, 'gpipe') in med:
     r = one[0] / med[(1, 1, 'gpipe')]
-    lines.append(f'- K=1 M=1: ours {r:.3f}x torch\'s (target <= 1: '
+    each = _Repeats(one[1], rec[(1, 1, 'gpipe')])
+    lines.append(f'- K=1 M=1: ours {r:.3f}x torch\'s{each} (target <= 1: '
                  f'{"ok" if r <= 1 else "MISS"})')
     for m in (8, 32):
       key = (2, m, '1f1b', 1, False)
@@ -315,11 +361,14 @@ def _Main(argv: Sequence[str]) -> None:
   stack = stack_lib.Stack()
   modes = args.modes.split(',')
   ms = [int(m) for m in args.ms.split(',')]
+  theirs, ours = {}, {}
   with tempfile.TemporaryDirectory(prefix='peers_') as where:
     weights = os.path.join(where, 'stack.npz')
     reference = Export(stack, weights)
-    theirs = RunAllTorch(weights, modes, ms, args)
-  ours = RunOurs(stack, modes, ms, args)
+    for repeat in range(args.repeats):
+      print(f'repeat {repeat + 1} of {args.repeats}', flush=True)
+      Merge(theirs, RunAllTorch(weights, modes, ms, args))
+      Merge(ours, RunOurs(stack, modes, ms, args))
   raw = {'header': header, 'reference': reference, 'torch': theirs,
          'ours': ours}
   if args.json_out:
