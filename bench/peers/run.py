@@ -9,8 +9,9 @@ timed processes at once):
 - ours: bench/common's stack (8 Transformer encoder layers, d=256) on two
   `tf.distribute.Server` workers pinned one core each, the trainer's step
   (bench/scaling's throughput client, configurations timed in turn): K=1
-  M=1, and K=2 at each M of --ms with GPipe and 1F1B; with recompute
-  'never' also 1F1B with split backwards, ZB-H1 and ZB-V (V=2).
+  M=1, and K=2 at each M of --ms with GPipe, 1F1B and 1F1B ahead; with
+  recompute 'never' also 1F1B with split backwards, ZB-H1 and ZB-V
+  (V=2).
 - torch: the same layers and weights in PyTorch (bench/peers/torch_pipe.py,
   exported from ours, the same batch) with torch.distributed.pipelining's
   ScheduleGPipe and Schedule1F1B over gloo, one process per rank pinned
@@ -136,6 +137,7 @@ def OurSetups(mode: str, ms: Sequence[int]) -> List[Setup]:
   setups = [Setup('pipe', 1, 1, mode)]
   for m in ms:
     setups += [Setup('pipe', 2, m, mode, s) for s in TORCH_SCHEDULES]
+    setups.append(Setup('pipe', 2, m, mode, '1f1b_ahead'))
     if mode == 'never':
       setups += [Setup('pipe', 2, m, mode, '1f1b', 1, True),
                  Setup('pipe', 2, m, mode, 'zb_h1'),

@@ -170,14 +170,14 @@ def OneFOneB(num_devices: int, num_micro_batches: int) -> Schedule:
   _Check(num_devices, num_micro_batches, 1)
   k, m_total = num_devices, num_micro_batches
   order = tuple(
-      _WarmUpThenAlternate([Action('F', d, m) for m in range(m_total)],
+      WarmUpThenAlternate([Action('F', d, m) for m in range(m_total)],
                            [Action('B', d, m) for m in range(m_total)],
                            k - 1 - d)
       for d in range(k))
   return Schedule('1f1b', m_total, LoopedStageDevices(k), order)
 
 
-def _WarmUpThenAlternate(forwards: List[Action], backwards: List[Action],
+def WarmUpThenAlternate(forwards: List[Action], backwards: List[Action],
                          warmup: int) -> Tuple[Action, ...]:
   """`warmup` forwards (at most all), then one forward and one backward
   in turn, then the backwards left: one device's row of a 1F1B table."""
@@ -209,7 +209,7 @@ def Interleaved1F1B(num_devices: int, num_micro_batches: int,
 
   total = m_total * v
   order = tuple(
-      _WarmUpThenAlternate([Nth(i, 'F', d) for i in range(total)],
+      WarmUpThenAlternate([Nth(i, 'F', d) for i in range(total)],
                            [Nth(i, 'B', d) for i in range(total)],
                            2 * (k - 1 - d) + (v - 1) * k)
       for d in range(k))

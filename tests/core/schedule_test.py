@@ -72,6 +72,17 @@ class GeneratorTest(parameterized.TestCase):
            'F1.3 B1.1 W1.1 F2.3 B2.2 W2.2 B1.2 B2.3 B1.3 W1.2 W2.3 W1.3')),
       ('ZeroBubbleVK1M2', lambda: registry.Make('zb_v', 1, 2, 2), (0, 0), (
           'F0.0 F1.0 B1.0 W1.0 F0.1 B0.0 W0.0 F1.1 B1.1 W1.1 B0.1 W0.1',)),
+      # 1F1B ahead (schedules/one_f_one_b_ahead.py): 1F1B with one more
+      # warm-up forward on every device but the last.
+      ('OneFOneBAheadK2M4', lambda: registry.Make('1f1b_ahead', 2, 4, 1),
+       (0, 1), (
+           'F0.0 F0.1 F0.2 B0.0 F0.3 B0.1 B0.2 B0.3',
+           'F1.0 B1.0 F1.1 B1.1 F1.2 B1.2 F1.3 B1.3')),
+      ('OneFOneBAheadK3M4', lambda: registry.Make('1f1b_ahead', 3, 4, 1),
+       (0, 1, 2), (
+           'F0.0 F0.1 F0.2 F0.3 B0.0 B0.1 B0.2 B0.3',
+           'F1.0 F1.1 F1.2 B1.0 F1.3 B1.1 B1.2 B1.3',
+           'F2.0 B2.0 F2.1 B2.1 F2.2 B2.2 F2.3 B2.3')),
       # Looped BFS (schedules/looped_bfs.py): a device's first stage for
       # every micro-batch, then its next; backwards last stage first.
       ('LoopedBFSK2V2M2', lambda: registry.Make('looped_bfs', 2, 2, 2),

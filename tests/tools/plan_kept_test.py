@@ -206,7 +206,7 @@ class StepTest(absltest.TestCase):
         auto.table, [1.0, 2.0], [1.0, 1.5], weight_s=[1.0, 0.5]).step)
     named = [plan_search.InLayout(auto, layout)
              for layout in plan_search.Layouts('', 1, 'never')]
-    self.assertLen(named, 5)
+    self.assertLen(named, 7)
     for other in named:
       self.assertLessEqual(auto.step_s, other.step_s, str(other.layout))
     self.assertLess(auto.step_s, min(
@@ -239,14 +239,17 @@ class StepTest(absltest.TestCase):
     by_m = {4: [_Layer(i, 0.25, 0.25, 0.25) for i in range(4)]}
     self.assertEqual(plan_search.Layouts('', 1, 'never'), [
         plan_search.Layout('gpipe'), plan_search.Layout('1f1b'),
+        plan_search.Layout('1f1b_ahead'),
         plan_search.Layout('gpipe', 1, True),
         plan_search.Layout('1f1b', 1, True),
+        plan_search.Layout('1f1b_ahead', 1, True),
         plan_search.Layout('zb_h1')])
     self.assertEqual(plan_search.Layouts('1f1b', 1, 'never', True),
                      [plan_search.Layout('1f1b', 1, True)])
     # Re-computing stages cannot run it: not compared.
     self.assertEqual(plan_search.Layouts('', 1, 'always'),
-                     [plan_search.Layout('gpipe'), plan_search.Layout('1f1b')])
+                     [plan_search.Layout('gpipe'), plan_search.Layout('1f1b'),
+                      plan_search.Layout('1f1b_ahead')])
     chosen = plan_search.Suggest('toy', by_m, 8, [2], 'never',
                                  layouts=plan_search.Layouts('', 1, 'never'))
     self.assertEqual(chosen.layout, plan_search.Layout('zb_h1'))
