@@ -3,6 +3,7 @@
   .venv/bin/python -m bench.peers.run [--rounds=10] [--warmup=2]
       [--repeats=2] [--ms=4,8,32] [--modes=never,always]
       [--torch_python=PYTHON] [--json_out=FILE]
+  .venv/bin/python -m bench.peers.run --tables_from=FILE
 
 What runs, in one run on the two cores (one core a process, never two
 timed processes at once):
@@ -82,6 +83,9 @@ def _Args(argv: Sequence[str]) -> argparse.Namespace:
                       help='the Python whose torch to run (default: this)')
   parser.add_argument('--timeout', type=float, default=1800.0)
   parser.add_argument('--json_out', default='')
+  parser.add_argument('--tables_from', default='',
+                      help="A --json_out file: print its tables, run "
+                      'nothing.')
   return parser.parse_args(argv)
 
 
@@ -314,6 +318,13 @@ def Targets(mode: str, mine: dict, theirs: Dict[str, dict]) -> List[str]:
         each = _Repeats(mine[(2, m, s, 1, False)][1], rec[(2, m, s)])
         lines.append(f'- {s} K=2 M={m}: ours {r:.3f}x torch\'s{each} '
                      f'(target <= 1: {"ok" if r <= 1 else "MISS"})')
+  for m in (8, 32):
+    ahead = mine.get((2, m, '1f1b_ahead', 1, False))
+    if ahead and (2, m, '1f1b') in med:
+      r = ahead[0] / med[(2, m, '1f1b')]
+      each = _Repeats(ahead[1], rec[(2, m, '1f1b')])
+      lines.append(f'- 1f1b_ahead K=2 M={m} (1F1B, one more micro-batch in '
+                   f'flight): ours {r:.3f}x torch\'s 1f1b{each}')
   theirs8 = [t for (k, m, _), t in med.items() if k == 2 and m == 8]
   ours8 = {key: t for key, (t, _) in mine.items()
            if key[0] == 2 and key[1] == 8}
@@ -353,6 +364,12 @@ def main(argv: Sequence[str]) -> None:
 
 def _Main(argv: Sequence[str]) -> None:
   args = _Args(argv)
+  if args.tables_from:
+    with open(args.tables_from) as f:
+      raw = json.load(f)
+    print(raw['header'], flush=True)
+    _PrintTables(raw['ours'], raw['torch'], raw['reference'])
+    return
   version = TorchVersion(args.torch_python)
   if version is None:
     sys.exit(f'bench/peers needs PyTorch under {args.torch_python}: pip '
@@ -376,8 +393,16 @@ def _Main(argv: Sequence[str]) -> None:
   if args.json_out:
     with open(args.json_out, 'w') as f:
       json.dump(raw, f)
+  _PrintTables(ours, theirs, reference)
+
+
+def _PrintTables(ours: Dict[str, dict], theirs: Dict[str, dict],
+                 reference: Dict[str, float]) -> None:
+  modes = [m for m in ('never', 'always')
+           if any(r.get('recompute') == m for r in theirs.values())]
   print('\n' + '\n'.join(sum((Table(mode, ours, theirs, reference) + ['']
-                              for mode in modes), [f'{stack.Describe()}', ''])),
+                              for mode in modes),
+                             [f'{stack_lib.Stack().Describe()}', ''])),
         flush=True)
 
 

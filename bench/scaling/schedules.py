@@ -593,8 +593,9 @@ def _StartupRatios(meds: Dict[Tuple[str, Setup], float]) -> List[str]:
 
 
 PICTURES = [Setup('pipe', 2, 8, 'never', s, v) for s, v in (
-    ('gpipe', 1), ('1f1b', 1), ('interleaved_1f1b', 2), ('zb_h1', 1),
-    ('zb_v', 2), ('interleaved_zb', 2), ('looped_bfs', 2), ('auto', 1))]
+    ('gpipe', 1), ('1f1b', 1), ('1f1b_ahead', 1), ('interleaved_1f1b', 2),
+    ('zb_h1', 1), ('zb_v', 2), ('interleaved_zb', 2), ('looped_bfs', 2),
+    ('auto', 1))]
 
 
 def PicturesClient(spec: str, directory: str) -> None:

@@ -12,10 +12,10 @@ the last: K-d+1 on stage d. K=2, M=4 (digits are micro-batches):
   dev 0: F0 F1 F2 B0 F3 B1 .  B2 .  B3
   dev 1: .  F0 B0 F1 B1 F2 B2 F3 B3 .
 
-Measured (docs/DESIGN.md section 34): between worker processes on a
-busy core a hand-off waits for the core, and 1F1B's steps are that much
-longer; on two pinned workers, bench/common's stack at K=2 M=32 ran
-1F1B in 0.69 s and this table in 0.56 s (GPipe 0.57 s).
+Why (docs/DESIGN.md section 34): between worker processes a hand-off
+waits for its busy core, and 1F1B waits for every forward's hand-off. On
+two pinned workers (bench/peers), bench/common's stack at K=2 M=32 took
+0.69 s a step with 1F1B, 0.57 s with this table, as with GPipe.
 """
 
 from __future__ import annotations
