@@ -171,14 +171,14 @@ def OneFOneB(num_devices: int, num_micro_batches: int) -> Schedule:
   k, m_total = num_devices, num_micro_batches
   order = tuple(
       WarmUpThenAlternate([Action('F', d, m) for m in range(m_total)],
-                           [Action('B', d, m) for m in range(m_total)],
-                           k - 1 - d)
+                          [Action('B', d, m) for m in range(m_total)],
+                          k - 1 - d)
       for d in range(k))
   return Schedule('1f1b', m_total, LoopedStageDevices(k), order)
 
 
 def WarmUpThenAlternate(forwards: List[Action], backwards: List[Action],
-                         warmup: int) -> Tuple[Action, ...]:
+                        warmup: int) -> Tuple[Action, ...]:
   """`warmup` forwards (at most all), then one forward and one backward
   in turn, then the backwards left: one device's row of a 1F1B table."""
   warmup = min(warmup, len(forwards))
@@ -210,8 +210,8 @@ def Interleaved1F1B(num_devices: int, num_micro_batches: int,
   total = m_total * v
   order = tuple(
       WarmUpThenAlternate([Nth(i, 'F', d) for i in range(total)],
-                           [Nth(i, 'B', d) for i in range(total)],
-                           2 * (k - 1 - d) + (v - 1) * k)
+                          [Nth(i, 'B', d) for i in range(total)],
+                          2 * (k - 1 - d) + (v - 1) * k)
       for d in range(k))
   return Schedule('interleaved_1f1b', m_total, LoopedStageDevices(k, v),
                   order)

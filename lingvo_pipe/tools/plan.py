@@ -49,11 +49,13 @@ Without K or M it suggests them: every K from 1 to the number of devices
 and every M dividing the batch (measured again for each micro-batch
 size), the fastest step by the layers' sums that fits; of those within
 2% of it, the fewest devices, then the fewest micro-batches, then the
-least memory on a device. Without --schedule it compares GPipe and 1F1B
-(with V > 1, GPipe and interleaved 1F1B) for each (K, M) the same way:
-their steps are often equal (the same bubble), and then 1F1B, holding at
-most K - k micro-batches on stage k where GPipe holds all M, is chosen,
-and under a tight budget it fits larger M or fewer devices; with
+least memory on a device. Without --schedule it compares every
+registered schedule its rules allow (GPipe, 1F1B, 1F1B ahead; with V > 1,
+GPipe and the interleaved ones) for each (K, M) the same way: their
+steps are often equal (the same bubble), and then 1F1B, holding at most
+K - k micro-batches on stage k where GPipe holds all M, is chosen (1F1B
+ahead, one more, where measured hand-offs make it faster), and under a
+tight budget it fits larger M or fewer devices; with
 recompute 'never' it compares ZB-H1 too, each backward measured as its
 two actions run it (layer_profile's keeps_activations). The report says
 which schedule and why in one line.
