@@ -305,11 +305,9 @@ def Table(mode: str, ours: Dict[str, dict], theirs: Dict[str, dict],
 
 
 def Targets(mode: str, mine: dict, theirs: Dict[str, dict]) -> List[str]:
-  med = {(r['k'], r['m'], r['schedule']): statistics.median(r['times'])
-         for r in theirs.values()
-         if r['recompute'] == mode and 'error' not in r}
   rec = {(r['k'], r['m'], r['schedule']): r for r in theirs.values()
          if r['recompute'] == mode and 'error' not in r}
+  med = {key: statistics.median(r['times']) for key, r in rec.items()}
   lines = []
   for m in (8, 32):
     for s in TORCH_SCHEDULES:

@@ -331,15 +331,15 @@ def _Variants(stages: List[List[int]], limit: List[int]) -> List[_Variant]:
           if max(x[3]) or not x[-1]]  # no W waits: nothing to fit
 
 
-def _Named(devs: Tuple[int, ...], stages: List[List[int]], m: int
-           ) -> List[schedule.Schedule]:
+def _Named(devs: Tuple[int, ...], m: int) -> List[schedule.Schedule]:
   """The named tables of a looped placement, or ZB-V's of its V (none for
   another)."""
   from lingvo_pipe.core.schedules import zb_v  # pylint: disable=g-import-not-at-top
-  k, v = len(stages), len(stages[0])
-  if v == 2 and devs == zb_v.VStageDevices(k):
+  k = max(devs) + 1
+  v = len(devs) // k
+  if devs == zb_v.VStageDevices(k):
     return [zb_v.ZeroBubbleV(k, m)]
-  if any(st != list(range(d, k * v, k)) for d, st in enumerate(stages)):
+  if devs != schedule.LoopedStageDevices(k, v):
     return []
   if v == 1:
     return [schedule.OneFOneB(k, m), schedule.ZeroBubbleH1(k, m),
@@ -367,8 +367,7 @@ def _Candidates(stages: List[List[int]], empty: schedule.Schedule,
                 bound: Callable[[], float]):
   """Search's tables: the named ones split or filled, then each variant's
   (dropped once it ends after `bound()`, the best step so far)."""
-  for table in _Named(empty.stage_devices, stages,
-                      empty.num_micro_batches):
+  for table in _Named(empty.stage_devices, empty.num_micro_batches):
     if table.split_backward:  # its own W's: as it is
       yield table, True
       continue
