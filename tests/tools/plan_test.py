@@ -777,8 +777,7 @@ class CommandLineTest(absltest.TestCase):
         env=env, capture_output=True, text=True, timeout=300)
     self.assertEqual(out.returncode, 0, out.stderr[-2000:])
     self.assertIn('Predicted step:', out.stdout)
-    # No --schedule: every schedule re-computing stages can run (GPipe,
-    # 1F1B, 1F1B ahead) compared at the given K and M.
+    # No --schedule: GPipe, 1F1B and 1F1B ahead compared at K and M.
     self.assertRegex(out.stdout,
                      r'\nSchedule: (gpipe|1f1b|1f1b_ahead) at K=2 M=4: ')
     self.assertNotIn('traced gradient only', out.stdout)
