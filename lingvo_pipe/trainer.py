@@ -7,6 +7,8 @@ Jobs (`--job`):
   trainer        train to task.train.max_steps, saving checkpoints, writing
                  summaries, evaluating the Dev set every eval_interval_steps
                  and at the end; a restart on the same logdir resumes.
+                 SIGTERM or Ctrl-C: the step in flight finishes and its
+                 checkpoint is written (core/interrupts.py).
   evaler_dev     follow the trainer's checkpoints in --logdir and evaluate
   evaler_test    each new one on Dev / Test, until max_steps.
   decoder_dev    the same, running the task's Decode and its metrics.
@@ -35,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import sys
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -51,6 +52,7 @@ from lingvo_pipe.core import quiet
 quiet.ImportTensorFlow()
 
 from lingvo_pipe.core import devices  # noqa: E402
+from lingvo_pipe.core import interrupts  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('model', None, 'Registered model key, e.g. '
@@ -121,6 +123,11 @@ VOCAB_FILE = 'vocab.txt'  # in the logdir (VocabularyInLogdir)
 
 class TrainingStopped(Exception):
   """Training cannot go on; the message says why and what to change."""
+
+
+class Preempted(Exception):
+  """A stop signal ended training at a step boundary, its checkpoint
+  written; the message says so in one line."""
 
 
 def LoadParams(model: str, override_text: str = '',
@@ -407,11 +414,41 @@ class Runner:
     self._task.SyncMirrors()
     self._SummarizeStart(step)
     train_step = self._Function('train', self._task.TrainStep)
-    batch_size = self._p.train_input.batch_size
     bar = progress.Progress(tp.max_steps, start_step=step)
     last_time = time.monotonic()
+    with interrupts.Deferred():
+      try:
+        step = self._TrainLoop(train_step, batches, step, bar, last_time)
+      except KeyboardInterrupt:
+        if not interrupts.Resumable():
+          raise
+        # The step in flight finished (or never started): the variables
+        # and the input's position are those of the last step counted.
+        raise self._SaveOnStop(
+            int(self._state.global_step.numpy())) from None
+    return self.Evaluate('dev', step)
+
+  def _SaveOnStop(self, step: int) -> Preempted:
+    """Writes the checkpoint of `step` (the last one finished) unless it
+    is there; the Preempted to raise."""
+    paths = self._ckpt.Paths()
+    name = f'ckpt-{step}'
+    if paths and os.path.basename(paths[0]) == name:
+      done = 'kept'
+    else:
+      self._ckpt.Save(step)
+      done = 'written'
+    return Preempted(f'Preempted at step {step}; checkpoint {name} {done}; '
+                     'run the same command to resume.')
+
+  def _TrainLoop(self, train_step: Callable[..., Any],
+                 batches: Iterator[Any], step: int, bar: Any,
+                 last_time: float) -> int:
+    """Steps from `step` to max_steps; returns the last step's number."""
+    tp = self._p.task.train
+    batch_size = self._p.train_input.batch_size
     while step < tp.max_steps:
-      RaiseIfInterrupted()
+      interrupts.RaiseIfRequested()
       out = {k: v.numpy() for k, v in train_step(next(batches)).items()}
       if not out['is_finite']:
         self._StopOnNonFinite(step, out)
@@ -429,7 +466,7 @@ class Runner:
       if (tp.eval_interval_steps and step % tp.eval_interval_steps == 0 and
           step < tp.max_steps):
         self.Evaluate('dev', step)
-    return self.Evaluate('dev', step)
+    return step
 
   def _StopOnNonFinite(self, step: int, out: Dict[str, Any]) -> None:
     paths = self._ckpt.Paths()
@@ -452,7 +489,7 @@ class Runner:
     eval_step = self._Function('eval', self._task.EvalStep)
     totals: Dict[str, list] = {}
     for _ in range(self._p.task.train.eval_steps):
-      RaiseIfInterrupted()
+      interrupts.RaiseIfRequested()
       batch = next(batches, None)
       if batch is None:
         break
@@ -476,7 +513,7 @@ class Runner:
     decode_step = self._Function('decode', self._task.DecodeStep)
     metrics = self._task.CreateDecoderMetrics()
     for _ in range(self._p.task.train.eval_steps):
-      RaiseIfInterrupted()
+      interrupts.RaiseIfRequested()
       batch = next(batches, None)
       if batch is None:
         break
@@ -501,7 +538,7 @@ class Runner:
     for path in _NewCheckpoints(self._tf, os.path.join(self._logdir,
                                                        'train'),
                                 FLAGS.follower_timeout_secs):
-      RaiseIfInterrupted()
+      interrupts.RaiseIfRequested()
       self._ckpt.Restore(path)
       step = checkpointer.StepOf(path)
       run(dataset, step)
@@ -631,53 +668,6 @@ def _RunJob(p: Any) -> None:
     runner.Follow(FLAGS.job)
 
 
-# Ctrl-C raises KeyboardInterrupt where Python is, unless that is inside
-# TensorFlow or a finalizer. An exception raised asynchronously in code that
-# C called back (seen: SystemError from listobject.c while a checkpoint
-# save traced a function) or in a `__del__` (Python prints "Exception
-# ignored" and goes on) does not stop the trainer cleanly. There the handler
-# notes the request and every loop raises it (RaiseIfInterrupted); a second
-# Ctrl-C raises at once.
-_interrupted = False
-_LIBRARIES = ('tensorflow', 'keras', 'tf_keras', 'tensorboard')
-
-
-def _UnsafeToRaiseIn(frame: Any) -> bool:
-  """Whether a finalizer or a loaded library's code is on the stack."""
-  dirs = tuple(os.path.join(path, '') for name in _LIBRARIES
-               for path in getattr(sys.modules.get(name), '__path__', ()))
-  while frame is not None:
-    code = frame.f_code
-    if code.co_name == '__del__' or code.co_filename.startswith(dirs):
-      return True
-    frame = frame.f_back
-  return False
-
-
-def _OnInterrupt(unused_signum, frame: Any) -> None:
-  global _interrupted
-  if not _interrupted and _UnsafeToRaiseIn(frame):
-    _interrupted = True
-    os.write(2, b'\nStopping at the next safe point; Ctrl-C again stops '
-             b'at once.\n')
-    return
-  _interrupted = True
-  raise KeyboardInterrupt
-
-
-def RaiseIfInterrupted() -> None:
-  """Raises KeyboardInterrupt if Ctrl-C came since the trainer started,
-  even where its first KeyboardInterrupt was swallowed."""
-  if _interrupted:
-    raise KeyboardInterrupt
-
-
-def _CatchInterrupts() -> None:
-  """Installs _OnInterrupt unless SIGINT is ignored (a background job)."""
-  if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _OnInterrupt)
-
-
 def _Main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -690,7 +680,7 @@ def _Main(argv) -> None:
   from lingvo_pipe.core import cluster  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import local_workers  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import model_registry  # pylint: disable=g-import-not-at-top
-  _CatchInterrupts()
+  interrupts.Install()
   try:
     _Run()
     # The job is done: what the runtime logs as the process tears down
@@ -703,9 +693,12 @@ def _Main(argv) -> None:
           cluster.ClusterError) as err:
     _LastLine(f'error: {err}')
     sys.exit(1)
+  except Preempted as stop:
+    _LastLine(str(stop))
+    sys.exit(interrupts.ExitStatus())
   except KeyboardInterrupt:
     _LastLine('Interrupted; checkpoints written so far are kept.')
-    sys.exit(130)
+    sys.exit(interrupts.ExitStatus())
 
 
 EXIT_LOG = 'exit_stderr.txt'  # in the logdir (_LastLine)

@@ -100,6 +100,14 @@ class TrainerClusterTest(trainer_testlib.TrainerTestBase):
     out, err = proc.communicate(timeout=60)
     self.assertEqual(proc.returncode, 130, err[-3000:])
     self.assertNotIn('Traceback', err)
+    # The workers (their own session: a terminal's Ctrl-C reaches the
+    # trainer alone) serve on while it writes the step's checkpoint.
+    step = re.fullmatch(r'Preempted at step (\d+); checkpoint ckpt-\1 '
+                        r'(written|kept); run the same command to resume\.',
+                        err.strip().splitlines()[-1])
+    self.assertIsNotNone(step, err[-3000:])
+    self.assertEqual(tf.train.latest_checkpoint(os.path.join(logdir, 'train')),
+                     os.path.join(logdir, 'train', f'ckpt-{step.group(1)}'))
     spec = _StartedSpec(out, 2)
     self.assertEqual(_ProcessesWith(spec), [])
 

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 from absl.testing import absltest
@@ -32,89 +31,7 @@ def _CheckpointValues(logdir, step):
   return {n: reader.get_tensor(n) for n in names}
 
 
-# Ctrl-C arrives while a finalizer runs: raised there, Python would print
-# "Exception ignored" and a traceback and go on; the trainer must stop, at
-# its next check, with a quiet console.
-_SWALLOWED_INTERRUPT = """
-import os, signal, sys, time
-from lingvo_pipe import trainer
-trainer._CatchInterrupts()
-class Finalized:
-  def __del__(self):
-    os.kill(os.getpid(), signal.SIGINT)
-    time.sleep(0.5)  # the handler runs here, inside __del__
-    print('finalizer finished', flush=True)
-Finalized()
-print('after the finalizer', flush=True)
-try:
-  trainer.RaiseIfInterrupted()
-except KeyboardInterrupt:
-  print('raised again', flush=True)
-"""
-
-
-# Ctrl-C arrives while TensorFlow runs our code (a callback from nest):
-# the trainer notes it and raises at its next check; a second Ctrl-C there
-# raises at once; a wait in the trainer's own code (the followers' wait for
-# a checkpoint) stops at once.
-_DEFERRED_INTERRUPT = """
-import os, signal, sys, tempfile, threading, time
-import tensorflow as tf
-from lingvo_pipe import trainer
-trainer._CatchInterrupts()
-def Once(x):
-  os.kill(os.getpid(), signal.SIGINT)
-  time.sleep(0.5)
-  print('callback finished', flush=True)
-  return x
-tf.nest.map_structure(Once, [1])
-try:
-  trainer.RaiseIfInterrupted()
-except KeyboardInterrupt:
-  print('raised at the check', flush=True)
-def Twice(x):
-  os.kill(os.getpid(), signal.SIGINT)
-  time.sleep(0.5)
-  print('callback finished again', flush=True)
-  return x
-try:
-  tf.nest.map_structure(Twice, [1])
-except KeyboardInterrupt:
-  print('raised inside', flush=True)
-trainer._interrupted = False
-threading.Timer(1, os.kill, (os.getpid(), signal.SIGINT)).start()
-start = time.monotonic()
-try:
-  list(trainer._NewCheckpoints(tf, tempfile.mkdtemp(), 600))
-except KeyboardInterrupt:
-  print(f'wait stopped after {time.monotonic() - start:.0f} s', flush=True)
-"""
-
-
-def _RunScript(script):
-  return subprocess.run([sys.executable, '-c', script], capture_output=True,
-                        text=True, timeout=120,
-                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
-
-
 class TrainerTest(trainer_testlib.TrainerTestBase):
-
-  def testACtrlCDuringAFinalizerIsRaisedAtTheNextCheck(self):
-    out = _RunScript(_SWALLOWED_INTERRUPT)
-    self.assertNotIn('Traceback', out.stderr)
-    self.assertNotIn('Exception ignored', out.stderr)
-    self.assertEqual(out.stdout.split('\n')[:3], [
-        'finalizer finished', 'after the finalizer', 'raised again'])
-
-  def testACtrlCInsideTensorFlowIsRaisedAtTheNextCheck(self):
-    out = _RunScript(_DEFERRED_INTERRUPT)
-    self.assertNotIn('Traceback', out.stderr)
-    self.assertEqual(out.stderr.count('Ctrl-C again stops at once'), 1,
-                     out.stderr)
-    lines = out.stdout.split('\n')
-    self.assertEqual(lines[:3], ['callback finished', 'raised at the check',
-                                 'raised inside'])
-    self.assertRegex(lines[3], r'^wait stopped after [12] s$')
 
   def testTrainsEvaluatesAndWritesEverything(self):
     logdir = self.create_tempdir().full_path
