@@ -53,6 +53,7 @@ quiet.ImportTensorFlow()
 
 from lingvo_pipe.core import devices  # noqa: E402
 from lingvo_pipe.core import interrupts  # noqa: E402
+from lingvo_pipe.core import restarts  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('model', None, 'Registered model key, e.g. '
@@ -70,6 +71,13 @@ flags.DEFINE_enum('run_locally', 'cpu', ['cpu', 'gpu', 'processes'],
 flags.DEFINE_integer('worker_timeout_secs', 60,
                      'With a cluster: how long to wait for every worker '
                      'task to come up before saying which is unreachable.')
+flags.DEFINE_integer('max_restarts', 0,
+                     'Trainer with --run_locally=processes or a cluster: '
+                     'when a worker dies, restart (local: a fresh set of '
+                     'workers; cluster: wait --worker_timeout_secs for the '
+                     'lost task to answer again) and resume from the newest '
+                     'checkpoint, at most this many times.',
+                     lower_bound=0)
 flags.DEFINE_integer('num_replicas', 0,
                      'Data-parallel replicas of the model (R): replica r '
                      'runs partition k of each pipeline on device (or '
@@ -123,6 +131,14 @@ VOCAB_FILE = 'vocab.txt'  # in the logdir (VocabularyInLogdir)
 
 class TrainingStopped(Exception):
   """Training cannot go on; the message says why and what to change."""
+
+
+class WorkerLost(TrainingStopped):
+  """A worker went away mid-run (one line: which, what is kept)."""
+
+  def __init__(self, task: int, address: str, why: str):
+    super().__init__(_WorkerLost(task, address, why))
+    self.task, self.address, self.why = task, address, why
 
 
 class Preempted(Exception):
@@ -592,7 +608,9 @@ def _Run() -> None:
     names = cluster.Connect(spec, timeout_secs=FLAGS.worker_timeout_secs)
     base_model.PlacePipelines(p.task, names)
     watchdog = cluster.Watchdog(
-        spec, lambda *lost: f'error: {_WorkerLost(*lost)}').Start()
+        spec, _LostByWatchdog,
+        status=restarts.LOST_WORKER_STATUS if restarts.Supervised() else 1
+    ).Start()
     stack.callback(watchdog.Stop)
     try:
       with quiet.CancelledStepLinesTo(os.path.join(FLAGS.logdir,
@@ -603,7 +621,7 @@ def _Run() -> None:
                 cluster.FailedTask(err, spec))
       if failed is None:
         raise
-      raise TrainingStopped(_WorkerLost(*failed, _Reason(err))) from None
+      raise WorkerLost(*failed, _Reason(err)) from None
 
 
 def _CheckTaskCount(p: Any, spec: Any) -> None:
@@ -635,6 +653,32 @@ def _WorkerLost(task: int, address: str, why: str) -> str:
   return (f'Worker task {task} at {address} went away ({why}); training '
           f'stopped and {kept}. Restart the worker, then the trainer: it '
           'resumes from the last checkpoint.')
+
+
+def _LostByWatchdog(task: int, address: str, why: str) -> str:
+  """The watchdog's last line; '' under --max_restarts, where the
+  supervisor says it (restarts.py)."""
+  line = _WorkerLost(task, address, why)
+  note = restarts.Supervised()
+  if note:
+    restarts.NoteLostWorker(note, task, address, why, line)
+    return ''
+  return f'error: {line}'
+
+
+def _Supervise() -> int:
+  """--max_restarts: runs the trainer as a child until it ends other than
+  by a lost worker (restarts.py); returns the exit status."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not FLAGS.cluster_spec and FLAGS.run_locally != 'processes':
+    raise TrainingStopped(
+        f'--max_restarts={FLAGS.max_restarts} restarts lost worker '
+        'processes: use it with --run_locally=processes or --cluster_spec.')
+  train_dir = os.path.join(FLAGS.logdir, 'train')
+  return restarts.Supervise(
+      restarts.ChildCommand(sys.argv), FLAGS.max_restarts,
+      lambda: tf.train.latest_checkpoint(train_dir),
+      lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def _StartLocalWorkers(p: Any, stack: contextlib.ExitStack) -> str:
@@ -682,11 +726,23 @@ def _Main(argv) -> None:
   from lingvo_pipe.core import model_registry  # pylint: disable=g-import-not-at-top
   interrupts.Install()
   try:
+    if (FLAGS.job == 'trainer' and FLAGS.max_restarts and
+        not restarts.Supervised()):
+      sys.exit(_Supervise())
     _Run()
     # The job is done: what the runtime logs as the process tears down
     # (a cluster's stopped workers still hold our functions) stays off
     # the console.
     _StderrToExitLog()
+  except WorkerLost as lost:
+    note = restarts.Supervised()
+    if not note:
+      _LastLine(f'error: {lost}')
+      sys.exit(1)
+    restarts.NoteLostWorker(note, lost.task, lost.address, lost.why,
+                            str(lost))
+    _StderrToExitLog()
+    sys.exit(restarts.LOST_WORKER_STATUS)
   except (TrainingStopped, model_registry.UnknownModelError,
           params_text.ParamsTextError,
           FileNotFoundError, local_workers.WorkersFailed,

@@ -134,6 +134,16 @@ def Scalars(directory, skip=()):
   return found
 
 
+def CheckpointValues(path):
+  """{name: value} of every variable in the checkpoint at `path` but the
+  checkpoint's own count of saves (one more where a run was stopped and
+  saved, or resumed)."""
+  reader = tf.train.load_checkpoint(path)
+  return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()
+          if n.endswith('.ATTRIBUTES/VARIABLE_VALUE')
+          and not n.startswith('save_counter/')}
+
+
 class TrainerTestBase(absltest.TestCase):
   """Writes the user module once; runs the trainer on it."""
 
@@ -161,6 +171,15 @@ class TrainerTestBase(absltest.TestCase):
     return subprocess.run(self._Command(logdir, *extra, **kwargs),
                           env=self._Env(env), capture_output=True, text=True,
                           timeout=300)
+
+  def assertSameVariables(self, path, other):
+    """The checkpoints at `path` and `other` hold the same variables,
+    bitwise (weights, biases, optimizer slots, the step)."""
+    values = [CheckpointValues(p) for p in (path, other)]
+    self.assertEqual(sorted(values[0]), sorted(values[1]))
+    self.assertGreater(len(values[0]), 4)
+    for name, value in values[0].items():
+      self.assertTrue((value == values[1][name]).all(), name)
 
   def _WaitForCheckpoint(self, proc, logdir, step):
     deadline = time.time() + 240

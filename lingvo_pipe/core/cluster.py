@@ -308,16 +308,17 @@ class Watchdog:
   A daemon thread probes every task each `interval` s; after `failures`
   failed probes in a row of one task it records it in `dead`, gives the
   main thread `grace` s to stop on its own (the trainer's error then names
-  the task), and otherwise prints `message(task, address, why)` and exits
-  the process with status 1 (checkpoints already written stay).
+  the task), and otherwise prints `message(task, address, why)` (unless
+  '') and exits the process with `status` (checkpoints already written
+  stay).
   """
 
   def __init__(self, spec: tf.train.ClusterSpec, message: Any,
                job: str = 'worker', interval: float = 2.0,
-               failures: int = 3, grace: float = 10.0):
+               failures: int = 3, grace: float = 10.0, status: int = 1):
     self._addresses = [spec.task_address(job, t)
                        for t in range(spec.num_tasks(job))]
-    self._message = message
+    self._message, self._status = message, status
     self._interval, self._failures, self._grace = interval, failures, grace
     self._stop = threading.Event()
     self.dead: Optional[Tuple[int, str, str]] = None
@@ -341,5 +342,7 @@ class Watchdog:
           self.dead = (task, address, why)
           if self._stop.wait(self._grace):
             return
-          quiet.WriteToConsole(self._message(task, address, why) + '\n')
-          os._exit(1)  # pylint: disable=protected-access
+          line = self._message(task, address, why)
+          if line:
+            quiet.WriteToConsole(line + '\n')
+          os._exit(self._status)  # pylint: disable=protected-access

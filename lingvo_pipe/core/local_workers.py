@@ -224,7 +224,7 @@ class LocalWorkers:
       return subprocess.Popen(
           command, env=env, cwd=_REPO, stdin=subprocess.DEVNULL, stdout=log,
           stderr=subprocess.STDOUT, start_new_session=True,
-          preexec_fn=_DieWithParent())
+          preexec_fn=DieWithParent())
 
   def _WaitServing(self, tasks: Iterable[int]) -> None:
     """Until each of `tasks` takes connections; else WorkersFailed."""
@@ -277,7 +277,7 @@ def _PortOpen(port: int) -> bool:
     return sock.connect_ex(('127.0.0.1', port)) == 0
 
 
-def _DieWithParent() -> Optional[Callable[[], None]]:
+def DieWithParent() -> Optional[Callable[[], None]]:
   """A preexec_fn: the kernel SIGKILLs the child when this process dies.
 
   Linux only (None elsewhere). libc's prctl is looked up here, in the

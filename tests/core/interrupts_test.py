@@ -129,7 +129,7 @@ class InterruptsTest(absltest.TestCase):
     self.assertEqual(out.stdout.split('\n')[:3], [
         'step finished', 'raised at the check; resumable True status 143',
         'second raised; resumable False status 130'])
-    self.assertEqual([l for l in out.stderr.splitlines() if l], [
+    self.assertEqual([x for x in out.stderr.splitlines() if x], [
         'SIGTERM: stopping after the step in flight to write its '
         'checkpoint; Ctrl-C again stops at once.',
         'Ctrl-C: stopping after the step in flight to write its '
