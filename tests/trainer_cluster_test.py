@@ -5,7 +5,8 @@ cluster the trainer names an unreachable worker, refuses too few tasks or
 a server of another cluster before training, and stops within 60 s with
 one line when a worker is killed or frozen mid-run (also one whose
 all-reduce peer it is, with replicas), keeping the last checkpoint, from
-which a restarted run resumes with no step lost.
+which a restarted run resumes with no step lost; with --max_restarts it
+waits for the lost task to answer again and goes on by itself.
 """
 
 import glob
@@ -158,6 +159,36 @@ class TrainerClusterTest(trainer_testlib.TrainerTestBase):
     resumed = _Scalars(os.path.join(logdir, 'train'), skip=first_run)
     self.assertEqual([s for s, _ in resumed['loss']],
                      list(range(killed_at + 10, killed_at + 21, 10)))
+
+  def testWithMaxRestartsTheTrainerWaitsForALostWorkerAndGoesOn(self):
+    """On a cluster, --max_restarts waits for the lost task's address to
+    answer again (here: the test restarts its server 3 s later)."""
+    logdir = self.create_tempdir().full_path
+    workers = local_workers.LocalWorkers(2, os.path.join(logdir, 'workers'))
+    self.addCleanup(workers.Stop)
+    workers.Start()
+    proc = subprocess.Popen(
+        self._Command(logdir, f'--cluster_spec={workers.spec}',
+                      '--max_restarts=1', '--model_params_override='
+                      'task.train.eval_interval_steps : 0\n'
+                      'task.train.max_steps : 100000'),
+        env=self._Env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    self.addCleanup(lambda: proc.poll() is None and proc.kill())
+    self._WaitForCheckpoint(proc, logdir, 40)
+    os.kill(workers.pids[1], signal.SIGKILL)
+    time.sleep(3)
+    self.assertIsNone(proc.poll())  # waiting for the task
+    workers.Restart(1)
+    self._WaitForCheckpoint(proc, logdir, 200)  # trains on
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    self.assertEqual(proc.returncode, 143, err[-3000:])
+    self.assertNotIn('Traceback', err)
+    self.assertRegex(err, rf'Restart 1 of 1: worker task 1 at '
+                     rf'{workers.addresses[1]} went away \(.+\); resuming '
+                     r'from ckpt-(\d+) at step \1\.')
+    self.assertRegex(err.strip().splitlines()[-1], r'^Preempted at step \d+')
 
   def _StopAWorkerMidRun(self, num_workers, task, sig, *flags):
     """Trains on `num_workers` servers until a checkpoint, sends `sig` to
