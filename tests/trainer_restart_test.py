@@ -25,22 +25,6 @@ _STARTED = re.compile(r'Started 2 local worker process\(es\), one core each '
                       r'\(round-robin\): (worker=\S+);')
 
 
-def _Cmdlines():
-  """{pid: command line} of the live (not zombie) processes."""
-  found = {}
-  for pid in filter(str.isdigit, os.listdir('/proc')):
-    try:
-      with open(f'/proc/{pid}/cmdline', 'rb') as f:
-        cmdline = f.read().decode(errors='replace').replace('\0', ' ')
-      with open(f'/proc/{pid}/stat') as f:
-        state = f.read().rpartition(')')[2].split()[0]
-    except OSError:
-      continue
-    if state != 'Z':
-      found[int(pid)] = cmdline
-  return found
-
-
 def _Steps(logdir):
   """Steps of the checkpoints in the logdir."""
   names = os.listdir(os.path.join(logdir, 'train')) if os.path.isdir(
@@ -81,7 +65,7 @@ class TrainerRestartTest(trainer_testlib.TrainerTestBase):
                           f'{kill + 1}')
         self.assertLess(time.time(), deadline)
         time.sleep(0.1)
-      pid = [p for p, c in _Cmdlines().items()
+      pid = [p for p, c in trainer_testlib.LiveCommandLines().items()
              if specs[kill] in c and '--task_index=1' in c]
       self.assertLen(pid, 1)
       os.kill(pid[0], signal.SIGKILL)
@@ -91,7 +75,8 @@ class TrainerRestartTest(trainer_testlib.TrainerTestBase):
     err = ''.join(errs)
     specs = [m.group(1) for m in map(_STARTED.search, lines) if m]
     for spec in specs:  # nothing left running
-      self.assertEqual([c for c in _Cmdlines().values() if spec in c], [])
+      self.assertEqual([c for c in trainer_testlib.LiveCommandLines().values()
+                        if spec in c], [])
     return proc.returncode, lines, err, specs
 
   def testTwoLostWorkersAreReplacedAndTheRunEndsAsAnUnbrokenOne(self):

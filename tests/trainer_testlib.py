@@ -134,6 +134,23 @@ def Scalars(directory, skip=()):
   return found
 
 
+def LiveCommandLines():
+  """{pid: command line, arguments joined by spaces} of the live (not
+  zombie) processes of this machine."""
+  found = {}
+  for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        cmdline = f.read().decode(errors='replace').replace('\0', ' ')
+      with open(f'/proc/{pid}/stat') as f:
+        state = f.read().rpartition(')')[2].split()[0]
+    except OSError:
+      continue
+    if state != 'Z':
+      found[int(pid)] = cmdline
+  return found
+
+
 def CheckpointValues(path):
   """{name: value} of every variable in the checkpoint at `path` but the
   checkpoint's own count of saves (one more where a run was stopped and

@@ -37,7 +37,7 @@ except KeyboardInterrupt:
 _INSIDE_TENSORFLOW = """
 import os, signal, tempfile, threading, time
 import tensorflow as tf
-from lingvo_pipe import trainer
+from lingvo_pipe import runner
 from lingvo_pipe.core import interrupts
 interrupts.Install()
 def Once(x):
@@ -63,7 +63,7 @@ interrupts.Reset()
 threading.Timer(1, os.kill, (os.getpid(), signal.SIGINT)).start()
 start = time.monotonic()
 try:
-  list(trainer._NewCheckpoints(tf, tempfile.mkdtemp(), 600))
+  list(runner.NewCheckpoints(tf, tempfile.mkdtemp(), 600))
 except KeyboardInterrupt:
   print(f'wait stopped after {time.monotonic() - start:.0f} s', flush=True)
 """
