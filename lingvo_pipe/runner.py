@@ -225,8 +225,9 @@ class Runner:
     else:
       self._ckpt.Save(step)
       done = 'written'
-    return Preempted(f'Preempted at step {step}; checkpoint {name} {done}; '
-                     'run the same command to resume.')
+    why = f' ({interrupts.Reason()})' if interrupts.Reason() else ''
+    return Preempted(f'Preempted at step {step}{why}; checkpoint {name} '
+                     f'{done}; run the same command to resume.')
 
   def _TrainLoop(self, train_step: Callable[..., Any],
                  batches: Iterator[Any], step: int, bar: Any,

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import sys
 from typing import Any, Optional
 
@@ -74,6 +75,12 @@ flags.DEFINE_enum('run_locally', 'cpu', ['cpu', 'gpu', 'processes'],
 flags.DEFINE_integer('worker_timeout_secs', 60,
                      'With a cluster: how long to wait for every worker '
                      'task to come up before saying which is unreachable.')
+flags.DEFINE_float('worker_grace_secs', 60.0,
+                   'With --job=server (and the workers of '
+                   '--run_locally=processes): on SIGTERM, serve on this long '
+                   'at most, so that the trainer can write the checkpoint '
+                   'of the step in flight (it ends the run and releases '
+                   'the server); 0: stop at once.', lower_bound=0.0)
 flags.DEFINE_integer('max_restarts', 0,
                      'Trainer with --run_locally=processes or a cluster: '
                      'when a worker dies, restart (local: a fresh set of '
@@ -273,7 +280,8 @@ def _Run() -> None:
     spec = cluster.ParseClusterSpec(FLAGS.cluster_spec)
     print(f'Serving worker task {FLAGS.task_index} of {spec.as_dict()}.',
           flush=True)
-    cluster.Serve(spec, 'worker', FLAGS.task_index)
+    cluster.Serve(spec, 'worker', FLAGS.task_index,
+                  grace_secs=FLAGS.worker_grace_secs)
     return
   p = LoadParams(FLAGS.model, FLAGS.model_params_override,
                  FLAGS.model_params_file_override, FLAGS.data_dir,
@@ -298,19 +306,28 @@ def _Run() -> None:
     base_model.PlacePipelines(p.task, names)
     watchdog = cluster.Watchdog(
         spec, _LostByWatchdog,
-        status=restarts.LOST_WORKER_STATUS if restarts.Supervised() else 1
-    ).Start()
+        status=restarts.LOST_WORKER_STATUS if restarts.Supervised() else 1,
+        devices=names, on_stopping=_OnWorkerStopping).Start()
     stack.callback(watchdog.Stop)
     try:
       with quiet.CancelledStepLinesTo(os.path.join(FLAGS.logdir,
                                                    CANCELLED_LOG)):
         _RunJob(p)
+    except Preempted:
+      watchdog.ReleaseStopping()  # the checkpoint is out: they may go
+      raise
     except tf.errors.OpError as err:
       failed = (watchdog.dead[:2] if watchdog.dead else
                 cluster.FailedTask(err, spec))
       if failed is None:
         raise
-      raise WorkerLost(*failed, _Reason(err)) from None
+      why = _Reason(err)
+      if failed[0] in watchdog.stopping:
+        grace = watchdog.stopping[failed[0]].get('grace_secs', 0)
+        why = (f'stopped by SIGTERM, its grace of {grace:g} s over before '
+               'the checkpoint of the step in flight: the steps since the '
+               'last checkpoint are lost; raise --worker_grace_secs')
+      raise WorkerLost(*failed, why) from None
 
 
 def _CheckTaskCount(p: Any, spec: Any) -> None:
@@ -368,6 +385,13 @@ def _TakeRole() -> None:
   FLAGS.job = _role.job
 
 
+def _OnWorkerStopping(task: int, address: str, unused_note: dict) -> None:
+  """A worker was told to stop (SIGTERM, its grace period): the trainer
+  stops as if it had been (core/interrupts.py)."""
+  interrupts.Request(signal.SIGTERM,
+                     f'worker task {task} at {address} was told to stop')
+
+
 def _LostByWatchdog(task: int, address: str, why: str) -> str:
   """The watchdog's last line; '' under --max_restarts, where the
   supervisor says it (restarts.py)."""
@@ -400,7 +424,8 @@ def _StartLocalWorkers(p: Any, stack: contextlib.ExitStack) -> str:
   from lingvo_pipe.core import local_workers  # pylint: disable=g-import-not-at-top
   needed = base_model.NumDevicesNeeded(p.task)
   log_dir = os.path.join(FLAGS.logdir, 'workers')
-  workers = stack.enter_context(local_workers.LocalWorkers(needed, log_dir))
+  workers = stack.enter_context(local_workers.LocalWorkers(
+      needed, log_dir, grace_secs=FLAGS.worker_grace_secs))
   print(f'Started {needed} local worker process(es), one core each '
         f'(round-robin): {workers.spec}; logs in {log_dir}.', flush=True)
   return workers.spec

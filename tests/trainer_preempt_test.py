@@ -28,9 +28,10 @@ _DETERMINISTIC = {'TF_DETERMINISTIC_OPS': '1'}
 
 class TrainerPreemptTest(trainer_testlib.TrainerTestBase):
 
-  def _StopAtARandomStep(self, logdir, sig, *flags):
+  def _StopAtARandomStep(self, logdir, sig, *flags, worker=None):
     """Trains (no end in sight) until step 10's summary, then sends `sig`
-    0-0.3 s later: (exit status, stdout, stderr)."""
+    0-0.3 s later to the trainer, or to its local worker task `worker`:
+    (exit status, stdout, stderr)."""
     proc = subprocess.Popen(
         self._Command(logdir, *flags, '--model_params_override=' + _COMMON +
                       'task.train.max_steps : 1000000'),
@@ -44,18 +45,22 @@ class TrainerPreemptTest(trainer_testlib.TrainerTestBase):
       self.assertLess(time.time(), deadline)
       time.sleep(0.2)
     time.sleep(random.uniform(0, 0.3))
-    proc.send_signal(sig)
+    if worker is None:
+      proc.send_signal(sig)
+    else:
+      os.kill(_ServerOf(proc.pid, worker), sig)
     out, err = proc.communicate(timeout=120)
     return proc.returncode, out, err
 
-  def _Check(self, sig, status, *flags):
+  def _Check(self, sig, status, *flags, worker=None, why=''):
     stopped, whole = (self.create_tempdir().full_path for _ in range(2))
-    code, _, err = self._StopAtARandomStep(stopped, sig, *flags)
+    code, _, err = self._StopAtARandomStep(stopped, sig, *flags,
+                                           worker=worker)
     self.assertEqual(code, status, err[-3000:])
     self.assertNotIn('Traceback', err)
     last = err.strip().splitlines()[-1]
-    hit = re.fullmatch(r'Preempted at step (\d+); checkpoint ckpt-\1 written;'
-                       r' run the same command to resume\.', last)
+    hit = re.fullmatch(rf'Preempted at step (\d+){why}; checkpoint ckpt-\1 '
+                       r'written; run the same command to resume\.', last)
     self.assertIsNotNone(hit, err[-3000:])
     step = int(hit.group(1))
     self.assertGreaterEqual(step, 10)
@@ -80,6 +85,44 @@ class TrainerPreemptTest(trainer_testlib.TrainerTestBase):
 
   def testCtrlCWritesTheStepsCheckpointAndTheRunResumesExactly(self):
     self._Check(signal.SIGINT, 130)
+
+  def testSigtermToAWorkerWritesTheStepsCheckpointAndTheRunResumes(self):
+    """The worker serves on through its grace period (60 s by default)
+    while the trainer notices, writes the step's checkpoint, releases it
+    and exits; no worker is left running."""
+    start = time.monotonic()
+    self._Check(signal.SIGTERM, 143, '--run_locally=processes', worker=1,
+                why=r' \(worker task 1 at 127\.0\.0\.1:\d+ was told to '
+                r'stop\)')
+    self.assertLess(time.monotonic() - start, 240)  # not held for the grace
+    self.assertEqual([c for c in trainer_testlib.LiveCommandLines().values()
+                      if '--worker_grace_secs=' in c], [])
+
+  def testWithNoGraceALostWorkerIsOneLine(self):
+    logdir = self.create_tempdir().full_path
+    code, _, err = self._StopAtARandomStep(
+        logdir, signal.SIGTERM, '--run_locally=processes',
+        '--worker_grace_secs=0', worker=1)
+    self.assertEqual(code, 1, err[-3000:])
+    self.assertNotIn('Traceback', err)
+    self.assertEqual(err.strip().count('\n'), 0, err[-3000:])
+    self.assertRegex(err, r'^error: Worker task 1 at 127\.0\.0\.1:\d+ went '
+                     r'away \(.+\); training stopped and no checkpoint was '
+                     r'written yet\.')
+
+
+def _ServerOf(trainer, task):
+  """Pid of worker task `task` among the servers `trainer` started."""
+  pids = [pid for pid, cmdline in trainer_testlib.LiveCommandLines().items()
+          if '--job=server' in cmdline and f'--task_index={task} ' in
+          cmdline + ' ' and _Parent(pid) == trainer]
+  assert len(pids) == 1, pids
+  return pids[0]
+
+
+def _Parent(pid):
+  with open(f'/proc/{pid}/stat') as f:
+    return int(f.read().rpartition(')')[2].split()[1])
 
 
 if __name__ == '__main__':

@@ -11,6 +11,7 @@ serves task 0). A wrong TF_CONFIG is one line before anything starts.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -59,7 +60,7 @@ class TrainerTfConfigTest(trainer_testlib.TrainerTestBase):
         capture_output=True, text=True, timeout=300)
     said = {}
     for key, proc in servers.items():
-      proc.terminate()
+      proc.send_signal(signal.SIGINT)  # at once (SIGTERM: their grace)
       said[key] = proc.communicate(timeout=30)[0].splitlines()[:1]
     return result, said
 

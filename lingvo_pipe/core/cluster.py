@@ -40,7 +40,7 @@ import socket
 import tempfile
 import threading
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -96,18 +96,34 @@ def StartServer(spec: tf.train.ClusterSpec, job: str,
 
 
 def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int,
-          own_files: Sequence[str] = ()) -> None:
+          own_files: Sequence[str] = (), grace_secs: float = 0.0) -> None:
   """Starts the server, then serves until SIGTERM or SIGINT (Ctrl-C).
 
-  On either signal it deletes its note (and `own_files`, files that a
-  caller keeps for this server on its host, e.g. the memory report of
-  lingvo_pipe.tools.memory_worker) and ends by that signal (exit status
-  128 + signal, as if it had not been caught). A server blocked in
-  `join()` would never see Ctrl-C and would leave its note behind.
+  SIGINT, or SIGTERM with no `grace_secs`: it deletes its note (and
+  `own_files`, files that a caller keeps for this server on its host, e.g.
+  the memory report of lingvo_pipe.tools.memory_worker) and ends by that
+  signal (exit status 128 + signal, as if it had not been caught). A
+  server blocked in `join()` would never see Ctrl-C and would leave its
+  note behind.
+
+  SIGTERM with `grace_secs` (what a scheduler sends some time before it
+  kills the process): it writes its stopping note (StoppingNote) and
+  serves on for `grace_secs`, or until the trainer has written its
+  checkpoint and released it (Release), then ends as above; a second
+  SIGTERM or a SIGINT ends it at once.
   """
-  paths = [_NotePath(spec.task_address(job, task_index))] + list(own_files)
+  address = spec.task_address(job, task_index)
+  stopping, released = (ServerFilePath(address, s)
+                        for s in (_STOPPING, _RELEASED))
+  paths = [_NotePath(address), stopping, released] + list(own_files)
+  deadline = [None]
 
   def Stop(signum, unused_frame):
+    if signum == signal.SIGTERM and grace_secs > 0 and deadline[0] is None:
+      deadline[0] = time.monotonic() + grace_secs
+      with open(stopping, 'w', encoding='utf-8') as f:
+        json.dump({'grace_secs': grace_secs}, f)
+      return
     for path in paths:
       _Remove(path)
     signal.signal(signum, signal.SIG_DFL)
@@ -117,12 +133,17 @@ def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int,
   # note behind (Python's own SIGINT handler knows nothing of it).
   for signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(signum, Stop)
+  for path in paths[1:3]:  # a stopped server's notes, were it SIGKILLed
+    _Remove(path)
   StartServer(spec, job, task_index)
   # Short sleeps: the kernel may hand a signal to any of TF's threads, and
   # then Python runs the handler only when the main thread next wakes (seen:
   # SIGUSR1 unanswered for the whole of a one-hour sleep, 1 in 6 times).
   while True:
     time.sleep(0.2)
+    if deadline[0] is not None and (time.monotonic() > deadline[0] or
+                                    os.path.exists(released)):
+      Stop(signal.SIGTERM, None)
 
 
 def _Remove(path: str) -> None:
@@ -148,6 +169,32 @@ def _NotePath(address: str) -> str:
 
 def _Note(spec: tf.train.ClusterSpec, job: str, task: int) -> dict:
   return {'cluster': spec.as_dict(), 'job': job, 'task': task}
+
+
+# A server told to stop (SIGTERM, Serve's grace) notes it on its host; the
+# trainer reads the note through the task itself, as _CheckSameCluster
+# reads its spec, and writes the release there once its checkpoint is out.
+_STOPPING, _RELEASED = '.stopping', '.released'
+
+
+def StoppingNote(device: str, address: str) -> Optional[dict]:
+  """The stopping note of the server at `address` ({"grace_secs": s}),
+  read on its `device`; None while it is not stopping."""
+  # No op that fails while it is not there: the error of a remote op would
+  # surface in whichever thread next waits on the eager executor (seen: the
+  # training loop's next batch, NotFoundError).
+  path = ServerFilePath(address, _STOPPING)
+  with tf.device(device):
+    if not tf.io.matching_files(path).numpy().size:
+      return None
+    text = tf.io.read_file(path).numpy()
+  return json.loads(text)
+
+
+def Release(device: str, address: str) -> None:
+  """Lets a stopping server end now: the trainer needs it no more."""
+  with tf.device(device):
+    tf.io.write_file(ServerFilePath(address, _RELEASED), '')
 
 
 def EnsureInterOpThreads(minimum: int = 2) -> int:
@@ -315,9 +362,16 @@ class Watchdog:
 
   def __init__(self, spec: tf.train.ClusterSpec, message: Any,
                job: str = 'worker', interval: float = 2.0,
-               failures: int = 3, grace: float = 10.0, status: int = 1):
+               failures: int = 3, grace: float = 10.0, status: int = 1,
+               devices: Optional[Sequence[str]] = None,
+               on_stopping: Any = None):
     self._addresses = [spec.task_address(job, t)
                        for t in range(spec.num_tasks(job))]
+    # With `devices` (one per task), each probe also reads the task's
+    # stopping note (Serve's grace) and calls on_stopping(task, address,
+    # note) once per task that has one; `stopping` keeps the notes.
+    self._devices, self._on_stopping = devices, on_stopping
+    self.stopping: Dict[int, dict] = {}
     self._message, self._status = message, status
     self._interval, self._failures, self._grace = interval, failures, grace
     self._stop = threading.Event()
@@ -338,6 +392,8 @@ class Watchdog:
       for task, address in enumerate(self._addresses):
         why = Probe(address, self._interval)
         misses[task] = 0 if why is None else misses[task] + 1
+        if why is None and self._devices and task not in self.stopping:
+          self._ReadStopping(task, address)
         if misses[task] >= self._failures:
           self.dead = (task, address, why)
           if self._stop.wait(self._grace):
@@ -346,3 +402,28 @@ class Watchdog:
           if line:
             quiet.WriteToConsole(line + '\n')
           os._exit(self._status)  # pylint: disable=protected-access
+
+  def _ReadStopping(self, task: int, address: str) -> None:
+    try:
+      note = StoppingNote(self._devices[task], address)
+    except (tf.errors.OpError, ValueError):
+      return  # gone or going: the probes and the step say so
+    if note is not None:
+      self.stopping[task] = note
+      if self._on_stopping:
+        self._on_stopping(task, address, note)
+
+  def ReleaseStopping(self) -> None:
+    """Lets every stopping task end now (its grace is no longer needed),
+    also those told to stop since the last probe (a scheduler stopping the
+    whole job signals every task at once)."""
+    on_stopping, self._on_stopping = self._on_stopping, None
+    for task, address in enumerate(self._addresses):
+      if task not in self.stopping and self._devices:
+        self._ReadStopping(task, address)
+    self._on_stopping = on_stopping
+    for task in list(self.stopping):
+      try:
+        Release(self._devices[task], self._addresses[task])
+      except tf.errors.OpError:
+        pass  # already gone

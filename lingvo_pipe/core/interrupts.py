@@ -37,6 +37,7 @@ _NAMES = {signal.SIGINT: b'Ctrl-C', signal.SIGTERM: b'SIGTERM'}
 _requested = 0  # the first stop signal's number; 0 before any came
 _raised = False  # a signal handler raised KeyboardInterrupt
 _deferring = False  # inside Deferred()
+_reason = ''  # why a stop was asked for, where no signal to this process
 
 
 def Install() -> None:
@@ -50,8 +51,24 @@ def Install() -> None:
 
 def Reset() -> None:
   """Forgets the signals seen so far (tests)."""
-  global _requested, _raised
-  _requested, _raised = 0, False
+  global _requested, _raised, _reason
+  _requested, _raised, _reason = 0, False, ''
+
+
+def Request(signum: int, reason: str) -> None:
+  """Asks for a stop as signal `signum` would, for `reason` (e.g. a worker
+  was told to stop), from any thread: the next RaiseIfRequested raises,
+  resumably. Nothing if a stop was asked for already."""
+  global _requested, _reason
+  if not _requested:
+    _requested, _reason = signum, reason
+    os.write(2, b'\n' + reason.encode() + b': stopping after the step in '
+             b'flight to write its checkpoint.\n')
+
+
+def Reason() -> str:
+  """Why the stop came, if not by a signal to this process; else ''."""
+  return _reason
 
 
 def Requested() -> int:

@@ -20,7 +20,8 @@ gets two inter-op threads, see `cluster.EnsureInterOpThreads`). Without
 `taskset` on PATH the servers run unpinned, with one warning.
 
 How the servers end:
-  with-block exits, exception, Ctrl-C   __exit__ -> Stop(): SIGTERM, SIGKILL
+  with-block exits, exception, Ctrl-C   __exit__ -> Stop(): SIGTERM (SIGINT
+                                        with a grace period), SIGKILL
                                         after 5 s, reap.
   interpreter exits without __exit__    atexit -> Stop().
   this process is killed (SIGKILL, OOM) Linux sends each server SIGKILL: the
@@ -59,7 +60,7 @@ from absl import logging
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_STOP_GRACE_SECS = 5.0  # between SIGTERM and SIGKILL
+_STOP_GRACE_SECS = 5.0  # between the stop signal and SIGKILL
 _POLL_SECS = 0.1
 
 
@@ -83,12 +84,16 @@ class LocalWorkers:
     start_timeout: seconds for all servers to take connections.
     env: variables to set in the servers' environment, on top of this
       process's (e.g. allocator settings for a memory benchmark).
+    grace_secs: each server's grace period on SIGTERM (the trainer's
+      --worker_grace_secs; 0: none). With one, Stop() sends SIGINT, which
+      ends a server at once; without, SIGTERM.
   """
 
   def __init__(self, num_tasks: int, log_dir: str,
                cores: Optional[List[int]] = None,
                start_timeout: float = 120.0,
-               env: Optional[Dict[str, str]] = None):
+               env: Optional[Dict[str, str]] = None,
+               grace_secs: float = 0.0):
     if num_tasks < 1:
       raise ValueError(f'LocalWorkers needs num_tasks >= 1, got {num_tasks}.')
     if start_timeout <= 0:
@@ -106,6 +111,8 @@ class LocalWorkers:
     self._cores = list(cores) if cores is not None else allowed
     self._timeout = start_timeout
     self._env = dict(env or {})
+    self._grace_secs = grace_secs
+    self._stop_signal = signal.SIGINT if grace_secs > 0 else signal.SIGTERM
     self._ports: List[int] = []
     self._procs: List[subprocess.Popen] = []
     self._running = False
@@ -155,10 +162,11 @@ class LocalWorkers:
     return self
 
   def Stop(self) -> None:
-    """Stops and reaps every server: SIGTERM, then SIGKILL. Idempotent."""
+    """Stops and reaps every server: SIGTERM (SIGINT where they have a
+    grace period), then SIGKILL. Idempotent."""
     atexit.unregister(self.Stop)
     self._running = False
-    _Terminate(self._procs)
+    _Terminate(self._procs, self._stop_signal)
 
   def Dead(self) -> List[Tuple[int, str, int]]:
     """(task, address, returncode) of each server that has exited.
@@ -180,12 +188,12 @@ class LocalWorkers:
     if not 0 <= task < self._num_tasks:
       raise ValueError(f'Restart({task}): the tasks are 0 to '
                        f'{self._num_tasks - 1}.')
-    _Terminate([self._procs[task]])
+    _Terminate([self._procs[task]], self._stop_signal)
     self._procs[task] = self._Launch(task, 'a')
     try:
       self._WaitServing([task])
     except BaseException:
-      _Terminate([self._procs[task]])
+      _Terminate([self._procs[task]], self._stop_signal)
       raise
 
   def __enter__(self) -> 'LocalWorkers':
@@ -202,7 +210,8 @@ class LocalWorkers:
   def _ServerCommand(self, task: int) -> List[str]:
     """The server of task `task`, without the pinning."""
     return [sys.executable, '-m', 'lingvo_pipe.trainer', '--job=server',
-            f'--cluster_spec={self.spec}', f'--task_index={task}']
+            f'--cluster_spec={self.spec}', f'--task_index={task}',
+            f'--worker_grace_secs={self._grace_secs:g}']
 
   def _Launch(self, task: int, log_mode: str) -> subprocess.Popen:
     """Starts the server of `task`, pinned if taskset is there."""
@@ -300,11 +309,12 @@ def DieWithParent() -> Optional[Callable[[], None]]:
   return _InChild
 
 
-def _Terminate(procs: List[subprocess.Popen]) -> None:
-  """SIGTERM to each live one's process group, SIGKILL after 5 s; reaps."""
+def _Terminate(procs: List[subprocess.Popen],
+               first: int = signal.SIGTERM) -> None:
+  """`first` to each live one's process group, SIGKILL after 5 s; reaps."""
   live = [proc for proc in procs if proc.poll() is None]
   for proc in live:
-    _SignalGroup(proc, signal.SIGTERM)
+    _SignalGroup(proc, first)
   deadline = time.monotonic() + _STOP_GRACE_SECS
   try:
     for proc in live:

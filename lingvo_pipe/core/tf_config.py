@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Any, Iterator, Mapping, Optional
@@ -136,7 +137,7 @@ def ServingTaskZero(cluster_spec: str, log_path: str) -> Iterator[None]:
   try:
     yield
   finally:
-    child.terminate()
+    child.send_signal(signal.SIGINT)  # at once: SIGTERM is a grace period
     try:
       child.wait(timeout=5)
     except subprocess.TimeoutExpired:

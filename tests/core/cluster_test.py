@@ -7,9 +7,11 @@ and that every gradient equals the local unpipelined reference.
 """
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from concurrent import futures
 
 from absl.testing import absltest
@@ -19,6 +21,22 @@ import tensorflow as tf
 from lingvo_pipe.core import cluster
 from lingvo_pipe.core import devices
 from lingvo_pipe.core import local_workers
+
+# Reads a server's stopping note before and after SIGTERM, then releases
+# it (what the trainer's watchdog does).
+_RELEASE_CLIENT = '''
+import os, signal, sys, time
+from lingvo_pipe.core import cluster
+spec = cluster.ParseClusterSpec(sys.argv[1])
+device = cluster.Connect(spec)[0]
+address = spec.task_address('worker', 0)
+print(cluster.StoppingNote(device, address))
+os.kill(int(sys.argv[2]), signal.SIGTERM)
+while cluster.StoppingNote(device, address) is None:
+  time.sleep(0.05)
+print(cluster.StoppingNote(device, address))
+cluster.Release(device, address)
+'''
 
 _CLIENT = '''
 import sys
@@ -182,6 +200,48 @@ class ClusterTest(absltest.TestCase):
         capture_output=True, text=True, timeout=240)
     self.assertEqual(client.returncode, 0, client.stderr[-2000:])
     return client.stdout
+
+  def _GracefulServer(self, grace):
+    """A trainer server (--job=server) with `grace` s, alone; its note."""
+    port = local_workers.FreePorts(1)[0]
+    spec = f'worker=127.0.0.1:{port}'
+    server = subprocess.Popen(
+        [sys.executable, '-m', 'lingvo_pipe.trainer', '--job=server',
+         f'--cluster_spec={spec}', f'--worker_grace_secs={grace}'],
+        env=self._env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    self.addCleanup(lambda: server.poll() is None and server.kill())
+    cluster.WaitForTasks(cluster.ParseClusterSpec(spec), 'worker', 120)
+    return server, f'127.0.0.1:{port}'
+
+  def testSigtermGivesAServerItsGracePeriod(self):
+    """It notes that it is stopping, serves on, and ends 128 + SIGTERM when
+    the grace is over; a second SIGTERM ends it at once."""
+    server, address = self._GracefulServer(3)
+    stopping = cluster.ServerFilePath(address, '.stopping')
+    server.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    while not os.path.exists(stopping):
+      self.assertLess(time.monotonic() - start, 10)
+      time.sleep(0.05)
+    self.assertIsNone(cluster.Probe(address))  # still serving
+    self.assertEqual(server.wait(timeout=30), -signal.SIGTERM)
+    self.assertGreater(time.monotonic() - start, 2.5)
+    self.assertFalse(os.path.exists(stopping))
+    server, address = self._GracefulServer(60)
+    server.send_signal(signal.SIGTERM)
+    while not os.path.exists(cluster.ServerFilePath(address, '.stopping')):
+      time.sleep(0.05)
+    server.send_signal(signal.SIGTERM)
+    self.assertEqual(server.wait(timeout=10), -signal.SIGTERM)
+
+  def testAReleasedServerEndsBeforeItsGraceIsOver(self):
+    """The trainer reads the note through the task and releases it."""
+    server, address = self._GracefulServer(60)
+    out = self._Client(_RELEASE_CLIENT, f'worker={address}', str(server.pid))
+    self.assertEqual(out.splitlines()[:2], ['None', "{'grace_secs': 60.0}"])
+    self.assertEqual(server.wait(timeout=10), -signal.SIGTERM)
+    self.assertFalse(os.path.exists(cluster.ServerFilePath(address,
+                                                           '.released')))
 
   def testPipelineOnTwoServers(self):
     spec = self._StartServers()
