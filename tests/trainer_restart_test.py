@@ -81,7 +81,7 @@ class TrainerRestartTest(trainer_testlib.TrainerTestBase):
 
   def testTwoLostWorkersAreReplacedAndTheRunEndsAsAnUnbrokenOne(self):
     broken, whole = (self.create_tempdir().full_path for _ in range(2))
-    code, lines, err, specs = self._KillWorkerTimes(broken, 2, 1500)
+    code, lines, err, specs = self._KillWorkerTimes(broken, 2, 800)
     self.assertEqual(code, 0, err[-3000:])
     self.assertNotIn('Traceback', err)
     self.assertNotIn('retracing', err)
@@ -97,9 +97,9 @@ class TrainerRestartTest(trainer_testlib.TrainerTestBase):
                           for line in lines), step)
     result = self._Run(whole, '--run_locally=processes',
                        '--model_params_override=' + _COMMON +
-                       'task.train.max_steps : 1500', env=_DETERMINISTIC)
+                       'task.train.max_steps : 800', env=_DETERMINISTIC)
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-    self.assertSameVariables(*(os.path.join(d, 'train', 'ckpt-1500')
+    self.assertSameVariables(*(os.path.join(d, 'train', 'ckpt-800')
                                for d in (broken, whole)))
 
   def testAThirdLostWorkerEndsTheRunWithOneLine(self):

@@ -124,6 +124,22 @@ class TrainerTfConfigTest(trainer_testlib.TrainerTestBase):
       self.assertEqual([p for p, c in trainer_testlib.LiveCommandLines().items()
                         if any(a in c for a in addresses['worker'])], [])
 
+  def testAnEvaluatorEvaluatesTheTrainersCheckpoints(self):
+    """TFJob leaves the evaluator out of the cluster; it follows the
+    checkpoints in the shared logdir on its own devices."""
+    logdir = self.create_tempdir().full_path
+    trained = self._Run(logdir, _STEPS)
+    self.assertEqual(trained.returncode, 0, trained.stderr[-3000:])
+    config = json.dumps({'cluster': {'chief': ['127.0.0.1:1'],
+                                     'worker': ['127.0.0.1:2']},
+                         'task': {'type': 'evaluator', 'index': 0}})
+    result = self._Run(logdir, _STEPS, env={'TF_CONFIG': config})
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    self.assertIn('eval dev at step 20', result.stdout)
+    self.assertEqual(
+        [s for s, _ in trainer_testlib.Scalars(
+            os.path.join(logdir, 'eval_dev'))['loss']], [20, 20])
+
   def testAWrongTfConfigIsOneLineBeforeAnythingStarts(self):
     logdir = self.create_tempdir().full_path
     for config, expected in [
