@@ -108,19 +108,22 @@ def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int,
 
   SIGTERM with `grace_secs` (what a scheduler sends some time before it
   kills the process): it writes its stopping note (StoppingNote) and
-  serves on for `grace_secs`, or until the trainer has written its
-  checkpoint and released it (Release), then ends as above; a second
-  SIGTERM or a SIGINT ends it at once.
+  serves on while a trainer holds it (Hold, within CLAIM_SECS: its
+  watchdog reads the note every 2 s) for `grace_secs` at most, or until
+  that trainer has written its checkpoint and released it (Release); then
+  it ends as above. No trainer holding it: it ends after CLAIM_SECS. A
+  second SIGTERM or a SIGINT ends it at once.
   """
   address = spec.task_address(job, task_index)
-  stopping, released = (ServerFilePath(address, s)
-                        for s in (_STOPPING, _RELEASED))
-  paths = [_NotePath(address), stopping, released] + list(own_files)
-  deadline = [None]
+  stopping, held, released = (ServerFilePath(address, s)
+                              for s in (_STOPPING, _HELD, _RELEASED))
+  paths = [_NotePath(address), stopping, held, released] + list(own_files)
+  deadline = [None, None]  # the grace's end, the claim's end
 
   def Stop(signum, unused_frame):
     if signum == signal.SIGTERM and grace_secs > 0 and deadline[0] is None:
-      deadline[0] = time.monotonic() + grace_secs
+      now = time.monotonic()
+      deadline[:] = [now + grace_secs, now + min(grace_secs, CLAIM_SECS)]
       with open(stopping, 'w', encoding='utf-8') as f:
         json.dump({'grace_secs': grace_secs}, f)
       return
@@ -133,7 +136,7 @@ def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int,
   # note behind (Python's own SIGINT handler knows nothing of it).
   for signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(signum, Stop)
-  for path in paths[1:3]:  # a stopped server's notes, were it SIGKILLed
+  for path in paths[1:4]:  # a stopped server's notes, were it SIGKILLed
     _Remove(path)
   StartServer(spec, job, task_index)
   # Short sleeps: the kernel may hand a signal to any of TF's threads, and
@@ -141,8 +144,10 @@ def Serve(spec: tf.train.ClusterSpec, job: str, task_index: int,
   # SIGUSR1 unanswered for the whole of a one-hour sleep, 1 in 6 times).
   while True:
     time.sleep(0.2)
-    if deadline[0] is not None and (time.monotonic() > deadline[0] or
-                                    os.path.exists(released)):
+    now = time.monotonic()
+    if deadline[0] is not None and (
+        now > deadline[0] or os.path.exists(released) or
+        (now > deadline[1] and not os.path.exists(held))):
       Stop(signal.SIGTERM, None)
 
 
@@ -174,7 +179,10 @@ def _Note(spec: tf.train.ClusterSpec, job: str, task: int) -> dict:
 # A server told to stop (SIGTERM, Serve's grace) notes it on its host; the
 # trainer reads the note through the task itself, as _CheckSameCluster
 # reads its spec, and writes the release there once its checkpoint is out.
-_STOPPING, _RELEASED = '.stopping', '.released'
+_STOPPING, _HELD, _RELEASED = '.stopping', '.held', '.released'
+# How long a stopping server waits for a trainer to hold it: 2.5 watchdog
+# intervals.
+CLAIM_SECS = 5.0
 
 
 def StoppingNote(device: str, address: str) -> Optional[dict]:
@@ -189,6 +197,12 @@ def StoppingNote(device: str, address: str) -> Optional[dict]:
       return None
     text = tf.io.read_file(path).numpy()
   return json.loads(text)
+
+
+def Hold(device: str, address: str) -> None:
+  """Keeps a stopping server for its grace: a trainer needs it."""
+  with tf.device(device):
+    tf.io.write_file(ServerFilePath(address, _HELD), '')
 
 
 def Release(device: str, address: str) -> None:
@@ -409,6 +423,10 @@ class Watchdog:
     except (tf.errors.OpError, ValueError):
       return  # gone or going: the probes and the step say so
     if note is not None:
+      try:
+        Hold(self._devices[task], address)
+      except tf.errors.OpError:
+        return
       self.stopping[task] = note
       if self._on_stopping:
         self._on_stopping(task, address, note)

@@ -35,6 +35,9 @@ os.kill(int(sys.argv[2]), signal.SIGTERM)
 while cluster.StoppingNote(device, address) is None:
   time.sleep(0.05)
 print(cluster.StoppingNote(device, address))
+cluster.Hold(device, address)
+time.sleep(cluster.CLAIM_SECS + 1)
+print('held')
 cluster.Release(device, address)
 '''
 
@@ -234,11 +237,23 @@ class ClusterTest(absltest.TestCase):
     server.send_signal(signal.SIGTERM)
     self.assertEqual(server.wait(timeout=10), -signal.SIGTERM)
 
-  def testAReleasedServerEndsBeforeItsGraceIsOver(self):
-    """The trainer reads the note through the task and releases it."""
+  def testAServerNoTrainerHoldsEndsAfterTheClaim(self):
+    """SIGTERM to an idle server with a long grace: it ends once no
+    trainer has held it within CLAIM_SECS, not after the whole grace."""
+    server, _ = self._GracefulServer(60)
+    start = time.monotonic()
+    server.send_signal(signal.SIGTERM)
+    self.assertEqual(server.wait(timeout=30), -signal.SIGTERM)
+    self.assertBetween(time.monotonic() - start, cluster.CLAIM_SECS - 0.5,
+                       cluster.CLAIM_SECS + 5)
+
+  def testAHeldServerServesUntilReleased(self):
+    """The trainer reads the note through the task, holds the server past
+    the claim's end, and releases it: it ends at once."""
     server, address = self._GracefulServer(60)
     out = self._Client(_RELEASE_CLIENT, f'worker={address}', str(server.pid))
-    self.assertEqual(out.splitlines()[:2], ['None', "{'grace_secs': 60.0}"])
+    self.assertEqual(out.splitlines()[:3],
+                     ['None', "{'grace_secs': 60.0}", 'held'])
     self.assertEqual(server.wait(timeout=10), -signal.SIGTERM)
     self.assertFalse(os.path.exists(cluster.ServerFilePath(address,
                                                            '.released')))
