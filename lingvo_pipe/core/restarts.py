@@ -72,8 +72,10 @@ def Supervise(command: Sequence[str], max_restarts: int,
   os.close(fd)
   env = dict(os.environ, **{LOST_WORKER_ENV: note})
   child: List[Optional[subprocess.Popen]] = [None]
+  stopped: List[int] = []  # the stop signals that came
 
   def HandOn(signum, unused_frame):
+    stopped.append(signum)
     if child[0] is not None and child[0].poll() is None:
       child[0].send_signal(signum)
 
@@ -83,6 +85,8 @@ def Supervise(command: Sequence[str], max_restarts: int,
     restarts = 0
     while True:
       _Remove(note)
+      if stopped:  # between two children: none to stop, none to start
+        return 128 + stopped[0]
       child[0] = subprocess.Popen(list(command), env=env,
                                   start_new_session=True,
                                   preexec_fn=local_workers.DieWithParent())
