@@ -85,15 +85,17 @@ def Supervise(command: Sequence[str], max_restarts: int,
     restarts = 0
     while True:
       _Remove(note)
-      if stopped:  # between two children: none to stop, none to start
-        return 128 + stopped[0]
       child[0] = subprocess.Popen(list(command), env=env,
                                   start_new_session=True,
                                   preexec_fn=local_workers.DieWithParent())
+      if stopped:  # it came while the child started: hand it on now
+        child[0].send_signal(stopped[0])
       status = _Wait(child[0])
       lost = _Read(note) if status == LOST_WORKER_STATUS else None
       if lost is None:
         return status
+      if stopped:  # asked to stop: no new child
+        return 128 + stopped[0]
       if restarts >= max_restarts:
         say(f"error: {lost['line']} (after {restarts} restart(s), "
             f'--max_restarts={max_restarts})')
