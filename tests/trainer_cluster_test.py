@@ -35,28 +35,14 @@ def _Spans(trace):
 
 def _StartedSpec(stdout, num):
   """The cluster spec the trainer said it started `num` workers for."""
-  hit = re.search(rf'Started {num} local worker process\(es\), one core each '
-                  r'\(round-robin\): (worker=\S+);', stdout)
-  if not hit:
+  specs = [spec for spec in trainer_testlib.StartedSpecs(stdout)
+           if spec.count(',') == num - 1]
+  if not specs:
     raise AssertionError(f'no start line in {stdout!r}')
-  return hit.group(1)
+  return specs[0]
 
 
-def _ProcessesWith(text):
-  """Pids of live (not zombie) processes whose command line has `text`."""
-  found = []
-  for pid in filter(str.isdigit, os.listdir('/proc')):
-    try:
-      with open(f'/proc/{pid}/cmdline', 'rb') as f:
-        cmdline = f.read().decode(errors='replace')
-      with open(f'/proc/{pid}/stat') as f:
-        state = f.read().rpartition(')')[2].split()[0]
-    except OSError:
-      continue
-    if text in cmdline and state != 'Z':
-      found.append(int(pid))
-  return found
-
+_ProcessesWith = trainer_testlib.ProcessesWith
 
 
 class TrainerClusterTest(trainer_testlib.TrainerTestBase):

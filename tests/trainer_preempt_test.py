@@ -53,9 +53,10 @@ class TrainerPreemptTest(trainer_testlib.TrainerTestBase):
     return proc.returncode, out, err
 
   def _Check(self, sig, status, *flags, worker=None, why=''):
+    """The stopped run's checks and its resume; the stopped run's stdout."""
     stopped, whole = (self.create_tempdir().full_path for _ in range(2))
-    code, _, err = self._StopAtARandomStep(stopped, sig, *flags,
-                                           worker=worker)
+    code, out, err = self._StopAtARandomStep(stopped, sig, *flags,
+                                             worker=worker)
     self.assertEqual(code, status, err[-3000:])
     self.assertNotIn('Traceback', err)
     last = err.strip().splitlines()[-1]
@@ -79,6 +80,7 @@ class TrainerPreemptTest(trainer_testlib.TrainerTestBase):
                   'restored.', runs[0].stdout)
     self.assertSameVariables(*(os.path.join(d, 'train', f'ckpt-{step + 20}')
                                for d in (stopped, whole)))
+    return out
 
   def testSigtermWritesTheStepsCheckpointAndTheRunResumesExactly(self):
     self._Check(signal.SIGTERM, 143)
@@ -91,12 +93,13 @@ class TrainerPreemptTest(trainer_testlib.TrainerTestBase):
     while the trainer notices, writes the step's checkpoint, releases it
     and exits; no worker is left running."""
     start = time.monotonic()
-    self._Check(signal.SIGTERM, 143, '--run_locally=processes', worker=1,
-                why=r' \(worker task 1 at 127\.0\.0\.1:\d+ was told to '
-                r'stop\)')
+    out = self._Check(signal.SIGTERM, 143, '--run_locally=processes',
+                      worker=1, why=r' \(worker task 1 at 127\.0\.0\.1:\d+ '
+                      r'was told to stop\)')
     self.assertLess(time.monotonic() - start, 240)  # not held for the grace
-    self.assertEqual([c for c in trainer_testlib.LiveCommandLines().values()
-                      if '--worker_grace_secs=' in c], [])
+    specs = trainer_testlib.StartedSpecs(out)
+    self.assertLen(specs, 1)
+    self.assertEqual(trainer_testlib.ProcessesWith(specs[0]), [])
 
   def testWithNoGraceALostWorkerIsOneLine(self):
     logdir = self.create_tempdir().full_path
@@ -113,9 +116,8 @@ class TrainerPreemptTest(trainer_testlib.TrainerTestBase):
 
 def _ServerOf(trainer, task):
   """Pid of worker task `task` among the servers `trainer` started."""
-  pids = [pid for pid, cmdline in trainer_testlib.LiveCommandLines().items()
-          if '--job=server' in cmdline and f'--task_index={task} ' in
-          cmdline + ' ' and _Parent(pid) == trainer]
+  pids = [pid for pid in trainer_testlib.ProcessesWith(
+      '--job=server', f'--task_index={task} ') if _Parent(pid) == trainer]
   assert len(pids) == 1, pids
   return pids[0]
 

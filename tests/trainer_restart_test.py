@@ -21,8 +21,6 @@ _COMMON = ('task.train.eval_interval_steps : 0\n'
            'train_input.shuffle_buffer_size : 256\n')
 _DETERMINISTIC = {'TF_DETERMINISTIC_OPS': '1'}
 _RESUMED = re.compile(r'^Resumed from \S+ at step (\d+);')
-_STARTED = re.compile(r'Started 2 local worker process\(es\), one core each '
-                      r'\(round-robin\): (worker=\S+);')
 
 
 def _Steps(logdir):
@@ -54,7 +52,7 @@ class TrainerRestartTest(trainer_testlib.TrainerTestBase):
     deadline = time.time() + 300
     for kill in range(kills):
       while True:
-        specs = [m.group(1) for m in map(_STARTED.search, list(lines)) if m]
+        specs = trainer_testlib.StartedSpecs(''.join(lines))
         resumed = [int(m.group(1)) for m in map(_RESUMED.search, list(lines))
                    if m]
         if len(specs) > kill and len(resumed) >= kill:
@@ -65,18 +63,16 @@ class TrainerRestartTest(trainer_testlib.TrainerTestBase):
                           f'{kill + 1}')
         self.assertLess(time.time(), deadline)
         time.sleep(0.1)
-      pid = [p for p, c in trainer_testlib.LiveCommandLines().items()
-             if specs[kill] in c and '--task_index=1' in c]
+      pid = trainer_testlib.ProcessesWith(specs[kill], '--task_index=1')
       self.assertLen(pid, 1)
       os.kill(pid[0], signal.SIGKILL)
     proc.wait(timeout=300)
     for reader in readers:
       reader.join()
     err = ''.join(errs)
-    specs = [m.group(1) for m in map(_STARTED.search, lines) if m]
+    specs = trainer_testlib.StartedSpecs(''.join(lines))
     for spec in specs:  # nothing left running
-      self.assertEqual([c for c in trainer_testlib.LiveCommandLines().values()
-                        if spec in c], [])
+      self.assertEqual(trainer_testlib.ProcessesWith(spec), [])
     return proc.returncode, lines, err, specs
 
   def testTwoLostWorkersAreReplacedAndTheRunEndsAsAnUnbrokenOne(self):

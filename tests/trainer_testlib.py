@@ -7,6 +7,7 @@ the real binary in a subprocess.
 
 import glob
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -149,6 +150,20 @@ def LiveCommandLines():
     if state != 'Z':
       found[int(pid)] = cmdline
   return found
+
+
+def ProcessesWith(*texts):
+  """Pids of the live processes whose command line has every one of
+  `texts` (e.g. a cluster spec: the servers started for it)."""
+  return [pid for pid, cmdline in LiveCommandLines().items()
+          if all(text in cmdline for text in texts)]
+
+
+def StartedSpecs(stdout):
+  """The cluster specs of the local workers the trainer said it started
+  (--run_locally=processes), in order."""
+  return re.findall(r'Started \d+ local worker process\(es\), one core each '
+                    r'\(round-robin\): (worker=\S+);', stdout)
 
 
 def CheckpointValues(path):

@@ -121,8 +121,8 @@ class TrainerTfConfigTest(trainer_testlib.TrainerTestBase):
       self.assertEqual(self._Loss(logdir), self._Loss(reference))
       self.assertEqual(self._Loss(logdir)[-1][0], 20)
       # Nothing left serving.
-      self.assertEqual([p for p, c in trainer_testlib.LiveCommandLines().items()
-                        if any(a in c for a in addresses['worker'])], [])
+      for address in addresses['worker']:
+        self.assertEqual(trainer_testlib.ProcessesWith(address), [])
 
   def testAnEvaluatorEvaluatesTheTrainersCheckpoints(self):
     """TFJob leaves the evaluator out of the cluster; it follows the
