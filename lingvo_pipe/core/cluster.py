@@ -407,7 +407,7 @@ class Watchdog:
         why = Probe(address, self._interval)
         misses[task] = 0 if why is None else misses[task] + 1
         if why is None and self._devices and task not in self.stopping:
-          self._ReadStopping(task, address)
+          self._ReadStopping(task, address, notify=True)
         if misses[task] >= self._failures:
           self.dead = (task, address, why)
           if self._stop.wait(self._grace):
@@ -417,7 +417,8 @@ class Watchdog:
             quiet.WriteToConsole(line + '\n')
           os._exit(self._status)  # pylint: disable=protected-access
 
-  def _ReadStopping(self, task: int, address: str) -> None:
+  def _ReadStopping(self, task: int, address: str, notify: bool) -> None:
+    """Holds task `task` if it is stopping; then on_stopping if `notify`."""
     try:
       note = StoppingNote(self._devices[task], address)
     except (tf.errors.OpError, ValueError):
@@ -428,18 +429,16 @@ class Watchdog:
       except tf.errors.OpError:
         return
       self.stopping[task] = note
-      if self._on_stopping:
+      if notify and self._on_stopping:
         self._on_stopping(task, address, note)
 
   def ReleaseStopping(self) -> None:
     """Lets every stopping task end now (its grace is no longer needed),
     also those told to stop since the last probe (a scheduler stopping the
     whole job signals every task at once)."""
-    on_stopping, self._on_stopping = self._on_stopping, None
     for task, address in enumerate(self._addresses):
       if task not in self.stopping and self._devices:
-        self._ReadStopping(task, address)
-    self._on_stopping = on_stopping
+        self._ReadStopping(task, address, notify=False)
     for task in list(self.stopping):
       try:
         Release(self._devices[task], self._addresses[task])

@@ -166,7 +166,7 @@ class LocalWorkers:
     grace period), then SIGKILL. Idempotent."""
     atexit.unregister(self.Stop)
     self._running = False
-    _Terminate(self._procs, self._stop_signal)
+    Terminate(self._procs, self._stop_signal)
 
   def Dead(self) -> List[Tuple[int, str, int]]:
     """(task, address, returncode) of each server that has exited.
@@ -188,12 +188,12 @@ class LocalWorkers:
     if not 0 <= task < self._num_tasks:
       raise ValueError(f'Restart({task}): the tasks are 0 to '
                        f'{self._num_tasks - 1}.')
-    _Terminate([self._procs[task]], self._stop_signal)
+    Terminate([self._procs[task]], self._stop_signal)
     self._procs[task] = self._Launch(task, 'a')
     try:
       self._WaitServing([task])
     except BaseException:
-      _Terminate([self._procs[task]], self._stop_signal)
+      Terminate([self._procs[task]], self._stop_signal)
       raise
 
   def __enter__(self) -> 'LocalWorkers':
@@ -309,7 +309,7 @@ def DieWithParent() -> Optional[Callable[[], None]]:
   return _InChild
 
 
-def _Terminate(procs: List[subprocess.Popen],
+def Terminate(procs: List[subprocess.Popen],
                first: int = signal.SIGTERM) -> None:
   """`first` to each live one's process group, SIGKILL after 5 s; reaps."""
   live = [proc for proc in procs if proc.poll() is None]

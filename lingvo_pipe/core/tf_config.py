@@ -137,9 +137,5 @@ def ServingTaskZero(cluster_spec: str, log_path: str) -> Iterator[None]:
   try:
     yield
   finally:
-    child.send_signal(signal.SIGINT)  # at once: SIGTERM is a grace period
-    try:
-      child.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-      child.kill()
-      child.wait()
+    # SIGINT: at once (SIGTERM would give it its grace period).
+    local_workers.Terminate([child], signal.SIGINT)
