@@ -10,6 +10,7 @@ trainer's checkpoints.
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -233,21 +234,39 @@ class Runner:
                  batches: Iterator[Any], step: int, bar: Any,
                  last_time: float) -> int:
     """Steps from `step` to max_steps; returns the last step's number."""
+    from lingvo_pipe.core import base_input_generator  # pylint: disable=g-import-not-at-top
     tp = self._p.task.train
-    batch_size = self._p.train_input.batch_size
+    shapes = set()  # of the batches the step function was traced for
+    # With length buckets every bucket's first step is noted, else from
+    # the second shape on (an input whose shapes vary).
+    noted = bool(base_input_generator.Buckets(self._p.train_input))
+    dropped = 0
     while step < tp.max_steps:
       interrupts.RaiseIfRequested()
-      out = {k: v.numpy() for k, v in train_step(next(batches)).items()}
+      batch = _Next(batches)
+      dropped = max(dropped, _PopDropped(batch))
+      shape = _Shape(batch)
+      note = (f'first step of a batch of shape {shape[0]}' if
+              (shapes or noted) and shape not in shapes else None)
+      shapes.add(shape)
+      out = {k: v.numpy() for k, v in train_step(batch).items()}
       if not out['is_finite']:
         self._StopOnNonFinite(step, out)
       step = int(out['global_step'])
       now = time.monotonic()
       values = {k: float(v) for k, v in out.items()
                 if k not in ('is_finite', 'global_step')}
+      batch_size = shape[0][0] if shape[0] else 0
       values['examples_per_sec'] = batch_size / max(now - last_time, 1e-9)
+      if note:
+        note += f': {now - last_time:.1f} s, traced once'
       last_time = now
-      bar.Update(step, batch_size, {'loss': values['loss']})
+      bar.Update(step, batch_size, {'loss': values['loss']}, note=note)
       if step % tp.summary_interval_steps == 0 or step == tp.max_steps:
+        if dropped:
+          values['input/dropped_long'] = dropped
+          logging.info('train input: %d pairs longer than the last length '
+                       'bucket dropped so far.', dropped)
         self._WriteScalars('train', step, values)
       if step % tp.save_interval_steps == 0 or step == tp.max_steps:
         self._ckpt.Save(step)
@@ -278,9 +297,10 @@ class Runner:
     totals: Dict[str, list] = {}
     for _ in range(self._p.task.train.eval_steps):
       interrupts.RaiseIfRequested()
-      batch = next(batches, None)
+      batch = _Next(batches, None)
       if batch is None:
         break
+      _PopDropped(batch)
       for name, (value, weight) in eval_step(batch).items():
         total = totals.setdefault(name, [0.0, 0.0])
         total[0] += float(value) * float(weight)
@@ -302,9 +322,10 @@ class Runner:
     metrics = self._task.CreateDecoderMetrics()
     for _ in range(self._p.task.train.eval_steps):
       interrupts.RaiseIfRequested()
-      batch = next(batches, None)
+      batch = _Next(batches, None)
       if batch is None:
         break
+      _PopDropped(batch)
       out = self._tf.nest.map_structure(lambda t: t.numpy(),
                                         decode_step(batch))
       self._task.PostProcessDecodeOut(out, metrics)
@@ -332,6 +353,36 @@ class Runner:
       run(dataset, step)
       if step >= self._p.task.train.max_steps:
         break
+
+
+def _Next(batches: Iterator[Any], *default: Any) -> Any:
+  """next(batches); an input that stops on a pair longer than its last
+  length bucket (MTInput's long_sentences='error') as TrainingStopped of
+  its message alone."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    return next(batches, *default)
+  except tf.errors.InvalidArgumentError as err:
+    found = re.search(r'\[([^\[\]]*)\] \[(\d+)\] \[([^\[\]]*is longer '
+                      r'than the last length bucket[^\[\]]*)\]',
+                      ' '.join(str(err.message).split()))
+    if not found:
+      raise
+    raise TrainingStopped(' '.join(found.groups()).replace("\\'", "'")
+                          ) from None
+
+
+def _PopDropped(batch: Any) -> int:
+  """Takes the input's count of dropped long pairs out of `batch` (the
+  model does not see it); the count, 0 without one."""
+  dropped = batch.pop('dropped_long', None)
+  return 0 if dropped is None else int(max(dropped.numpy(), default=0))
+
+
+def _Shape(batch: Any) -> Tuple[Tuple[int, ...], ...]:
+  """The shapes of `batch`'s leaves, by path."""
+  return tuple(tuple(leaf.shape) for _, leaf in
+               sorted(batch.FlattenItems(), key=lambda kv: kv[0]))
 
 
 def NewCheckpoints(tf: Any, directory: str,

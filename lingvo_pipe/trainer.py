@@ -233,6 +233,7 @@ def CheckBatches(p: Any) -> None:
   """A clear error unless every input's batch splits into the micro-batches
   of every pipeline of the task (train: per replica; dev and test: whole,
   as evaluation and decoding run them)."""
+  from lingvo_pipe.core import base_input_generator  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import base_model  # pylint: disable=g-import-not-at-top
   from lingvo_pipe.core import gpipe  # pylint: disable=g-import-not-at-top
   pipelines = base_model.PipelineParams(p.task)
@@ -241,19 +242,32 @@ def CheckBatches(p: Any) -> None:
     input_p = p.Get(f'{dataset}_input')
     if input_p is None or 'batch_size' not in input_p:
       continue
-    batch = input_p.batch_size
-    per = batch // replicas if dataset == 'train' else batch
-    where = (f'{dataset}_input.batch_size={batch}' +
-             (f' ({per} per replica)' if per != batch else ''))
-    for path, pipeline in pipelines:
-      why = gpipe.MicroBatchError(
-          pipeline, per, replicas if dataset == 'train' else 1)
-      if why:
-        knob = ('micro_batch_size' if pipeline.micro_batch_size is not None
-                else 'num_micro_batches')
+    buckets = base_input_generator.Buckets(input_p)
+    sizes = ([(n, f'bucket {i} (pairs up to {bound} tokens): '
+               f'{dataset}_input.bucket_batch_limit[{i}]',
+               f'{dataset}_input.bucket_batch_limit ('
+               'input_generator.TokensPerBatch makes multiples)')
+              for i, (bound, n) in enumerate(buckets)] or
+             [(input_p.batch_size, f'{dataset}_input.batch_size',
+               f'{dataset}_input.batch_size')])
+    for batch, name, knob_in in sizes:
+      if dataset == 'train' and batch % replicas:
         raise TrainingStopped(
-            f'{where} does not fit the pipeline {path}: {why} (set '
-            f'{path}.{knob} or {dataset}_input.batch_size).')
+            f'{name}={batch} does not split over {replicas} replicas; set '
+            f'{knob_in} to a multiple of {replicas} or change '
+            '--num_replicas.')
+      per = batch // replicas if dataset == 'train' else batch
+      where = f'{name}={batch}' + (f' ({per} per replica)'
+                                   if per != batch else '')
+      for path, pipeline in pipelines:
+        why = gpipe.MicroBatchError(
+            pipeline, per, replicas if dataset == 'train' else 1)
+        if why:
+          knob = ('micro_batch_size' if pipeline.micro_batch_size is not None
+                  else 'num_micro_batches')
+          raise TrainingStopped(
+              f'{where} does not fit the pipeline {path}: {why} (set '
+              f'{path}.{knob} or {knob_in}).')
 
 
 def SetUpDevices(run_locally: str, needed: int,

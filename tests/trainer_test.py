@@ -316,6 +316,31 @@ class TrainerTest(trainer_testlib.TrainerTestBase):
       pipelined += bool(base_model.PipelineParams(p.task))
     self.assertGreater(pipelined, 5)
 
+  def testEveryLengthBucketsBatchIsChecked(self):
+    from lingvo_pipe import trainer  # pylint: disable=g-import-not-at-top
+    p = trainer.LoadParams('mt.synthetic.TransformerTinyGPipe').Copy()
+    p.train_input.bucket_upper_bound = [6, 10, 14]
+    p.train_input.bucket_batch_limit = [64, 40, 28]
+    trainer.CheckBatches(p)  # M=4 splits each
+    p.train_input.bucket_batch_limit = [64, 40, 30]
+    with self.assertRaisesRegex(
+        trainer.TrainingStopped,
+        r'^bucket 2 \(pairs up to 14 tokens\): train_input.bucket_batch_'
+        r'limit\[2\]=30 does not fit the pipeline task.stack: batch size 30 '
+        r'does not split into num_micro_batches=4 equal parts; .* \(set '
+        r'task.stack.num_micro_batches or train_input.bucket_batch_limit '
+        r'\(input_generator.TokensPerBatch makes multiples\)\).$'):
+      trainer.CheckBatches(p)
+    p.train_input.bucket_batch_limit = [64, 40, 28]
+    p.task.train.num_replicas = 4
+    p.task.stack.num_micro_batches = 8
+    p.train_input.bucket_batch_limit = [64, 40, 30]
+    with self.assertRaisesRegex(
+        trainer.TrainingStopped,
+        r'^bucket 2 \(pairs up to 14 tokens\): train_input.bucket_batch_'
+        r'limit\[2\]=30 does not split over 4 replicas; set'):
+      trainer.CheckBatches(p)
+
   def testUnknownModelSaysWhatExists(self):
     result = self._Run(self.create_tempdir().full_path,
                        model='lp_user_models.Tinny')

@@ -12,7 +12,8 @@
   shuffle(b, seed)    if shuffle_buffer_size > 0 (files are shuffled too)
   repeat()            if repeat
   Preprocess(ex, s)   s = [seed, example index]: a stateless-op seed
-  batch(batch_size)   drop_remainder=True: the batch dim is static
+  _Batch              batch(batch_size), drop_remainder=True: the batch
+                      dim is static (MTInput: or length buckets)
   prefetch            if prefetch
 
 The same params and seed give the same batches, augmentation included.
@@ -33,7 +34,7 @@ import contextlib
 import logging
 import os
 import random
-from typing import Any, Dict, Iterator, NoReturn, Optional
+from typing import Any, Dict, Iterator, List, NoReturn, Optional, Tuple
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -320,10 +321,16 @@ class BaseInputGenerator:
     dataset = dataset.enumerate().map(
         tf.autograph.experimental.do_not_convert(_Map),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    dataset = dataset.batch(p.batch_size, drop_remainder=True)
-    self._CheckStaticShapes(dataset.element_spec)
+    dataset = self._Batch(dataset)
     if p.prefetch:
       dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    return dataset
+
+  def _Batch(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Batches of p.batch_size with static shapes; subclasses may batch
+    otherwise (MTInput's length buckets)."""
+    dataset = dataset.batch(self._params.batch_size, drop_remainder=True)
+    self._CheckStaticShapes(dataset.element_spec)
     return dataset
 
   def InputBatchSpec(self) -> NestedMap:
@@ -335,6 +342,14 @@ class BaseInputGenerator:
       if not leaf.shape.is_fully_defined():
         self._Fail(f'Preprocess returned {path[len("batch."):]!r} of shape '
                    f'{leaf.shape[1:]}; pad or crop it to a fixed shape.')
+
+
+def Buckets(p: hyperparams.Params) -> List[Tuple[int, int]]:
+  """(bound, batch size) of each length bucket of an input's params
+  (MTInput's bucket_upper_bound and bucket_batch_limit); [] without."""
+  if 'bucket_upper_bound' not in p:
+    return []
+  return list(zip(p.bucket_upper_bound or [], p.bucket_batch_limit or []))
 
 
 def _ToNestedMap(value: Any) -> Any:

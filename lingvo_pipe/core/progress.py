@@ -55,23 +55,30 @@ class Progress:
     return (self._total - step) / self._steps_per_sec
 
   def Update(self, step: int, batch_size: int,
-             values: Dict[str, float]) -> str:
-    """Records reaching `step`; returns the line (printed if due)."""
+             values: Dict[str, float], note: Optional[str] = None) -> str:
+    """Records reaching `step`; returns the line (printed if due).
+
+    With a `note` (a step that traced a new batch shape, say) the line
+    ends with it and is printed now, and the step's time does not count
+    in the rate.
+    """
     now = self._clock()
     steps = step - self._last_step
     if not self._started:
       self._started = True
-    elif steps > 0 and now > self._last_time:
+    elif note is None and steps > 0 and now > self._last_time:
       rate = steps / (now - self._last_time)
       self._steps_per_sec = rate if self._steps_per_sec is None else (
           0.7 * self._steps_per_sec + 0.3 * rate)
     self._last_step, self._last_time = step, now
     line = self.Line(step, batch_size, values)
-    due = (self._last_print is None or step >= self._total or
+    if note:
+      line += f'  ({note})'
+    due = (self._last_print is None or step >= self._total or note or
            now - self._last_print >= self._min_interval)
     if self._tty:
       self._stream.write('\r' + line + '\x1b[K')
-      if step >= self._total:
+      if step >= self._total or note:
         self._stream.write('\n')
       self._stream.flush()
     elif due:

@@ -88,17 +88,21 @@ def ImportTensorFlow() -> Any:
 
 
 class _SaverRetracing(logging.Filter):
-  """Drops TensorFlow's warning that its checkpoint saver retraces.
+  """Drops TensorFlow's warnings that a function retraces where we mean it.
 
   With variables on several worker tasks, MultiDeviceSaver.save makes a new
   tf.function for every save, and from the fifth save on TensorFlow warns
   that "5 out of the last 5 calls ... triggered tf.function retracing" and
-  tells the user to change their code: nothing of ours to change.
+  tells the user to change their code: nothing of ours to change. The
+  same for a task's step functions, traced once per length bucket's shape
+  (the progress line notes each).
   """
 
   def filter(self, record: logging.LogRecord) -> bool:
     text = record.getMessage()
-    return not ('MultiDeviceSaver.save' in text and 'retracing' in text)
+    return not ('retracing' in text and any(
+        name in text for name in ('MultiDeviceSaver.save', 'Task.TrainStep',
+                                  'Task.EvalStep', 'Task.DecodeStep')))
 
 
 # What the runtime logs while a step on worker servers is cancelled (a

@@ -47,6 +47,22 @@ class ProgressTest(absltest.TestCase):
     self.assertAlmostEqual(bar.steps_per_second, 10.0)
     self.assertAlmostEqual(bar.Eta(951), 4.9)
 
+  def testANotedStepPrintsAtOnceAndIsLeftOutOfTheRate(self):
+    clock, out = _Clock(), io.StringIO()
+    bar = progress.Progress(100, stream=out, clock=clock, min_interval=60.0)
+    bar.Update(1, 4, {})
+    clock.now += 2.0
+    bar.Update(21, 4, {})  # 10 steps/s
+    clock.now += 30.0  # a new batch shape: traced
+    line = bar.Update(22, 4, {}, note='first step of a batch of shape (4, 8)')
+    self.assertTrue(line.endswith('ETA 8s  (first step of a batch of shape '
+                                  '(4, 8))'), line)
+    self.assertAlmostEqual(bar.steps_per_second, 10.0)
+    clock.now += 1.0
+    bar.Update(32, 4, {})  # not due: 60 s between plain lines
+    self.assertEqual([line.split()[1] for line in out.getvalue().splitlines()],
+                     ['1/100', '22/100'])
+
   def testLogOutputIsRateLimitedButTheLastStepPrints(self):
     clock, out = _Clock(), io.StringIO()
     bar = progress.Progress(10, stream=out, clock=clock, min_interval=5.0)

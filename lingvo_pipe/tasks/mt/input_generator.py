@@ -19,6 +19,16 @@ Each batch is a NestedMap (t = max_length, Lingvo's conventions):
 A sentence longer than max_length - 1 words is truncated so that the </s>
 (and <s>) still fit.
 
+Length buckets (Lingvo's): with p.bucket_upper_bound = [8, 16, ...] a pair
+goes to the first bucket at least as long as its longer side (</s> or <s>
+included), is padded to that bound, and batched with p.bucket_batch_limit
+of its bucket's pairs (tf.data's bucket_by_sequence_length); t is then
+the bucket's bound. Nothing is truncated: a pair longer than the last
+bound is dropped (p.long_sentences = 'drop', counted in each batch's
+`dropped_long`: pairs dropped so far) or stops the input ('error').
+`TokensPerBatch` fills the limits from a token budget. Each limit must be
+a multiple of the pipeline's micro-batches (the trainer checks).
+
 One vocabulary serves both sides: words (tokenizer.py) or sentencepiece
 subwords (subword.py), as p.tokenizer says. It is read from
 p.vocab_file if that exists, else built from p.vocab_split (both sides)
@@ -50,6 +60,23 @@ from lingvo_pipe.tasks.mt import tokenizer as tokenizer_lib
 from lingvo_pipe.tasks.mt import vocabulary
 
 TOKENIZERS = ('word', 'subword')
+LONG_SENTENCES = ('drop', 'error')
+# Ends the message of the error a pair longer than the last bucket raises
+# with p.long_sentences = 'error' (the trainer shows the message alone).
+LONG_PAIR_ERROR = 'is longer than the last length bucket'
+
+
+def TokensPerBatch(bounds: List[int], tokens: int,
+                   multiple_of: int = 1) -> List[int]:
+  """bucket_batch_limit for `bounds` holding about `tokens` per batch:
+  each bucket's pairs, tokens // bound rounded down to a multiple of
+  `multiple_of` (a pipeline's micro-batches times replicas), at least one
+  multiple."""
+  if multiple_of < 1 or tokens < 1:
+    raise ValueError(f'TokensPerBatch: tokens={tokens}, multiple_of='
+                     f'{multiple_of}; use positive integers.')
+  return [max(multiple_of, tokens // b // multiple_of * multiple_of)
+          for b in bounds]
 
 
 class MTInput(base_input_generator.BaseInputGenerator):
@@ -76,6 +103,16 @@ class MTInput(base_input_generator.BaseInputGenerator):
     p.Define('max_vocab_size', 32000,
              'Most ids a built vocabulary has (special ids included); None '
              'keeps every word (word vocabularies only).')
+    p.Define('bucket_upper_bound', [],
+             'Length buckets: the longest pair (tokens of its longer side, '
+             '</s> or <s> included) of each, increasing; [] pads every '
+             'batch to max_length (module docstring).')
+    p.Define('bucket_batch_limit', [],
+             'Pairs per batch of each bucket (TokensPerBatch fills it from '
+             'a token budget); batch_size is then unused.')
+    p.Define('long_sentences', 'drop',
+             "A pair longer than the last bucket: 'drop' it (counted) or "
+             "'error' (stops the input).")
     p.Define('tokenizer', 'word',
              f'What a built vocabulary holds: one of {TOKENIZERS} (words, '
              'or sentencepiece subwords: subword.py).')
@@ -93,6 +130,21 @@ class MTInput(base_input_generator.BaseInputGenerator):
                  'for a word and </s>).')
     if p.tokenizer not in TOKENIZERS:
       self._Fail(f'p.tokenizer is {p.tokenizer!r}; use one of {TOKENIZERS}.')
+    bounds, limits = p.bucket_upper_bound, p.bucket_batch_limit
+    if bounds or limits:
+      if len(bounds) != len(limits):
+        self._Fail(f'p.bucket_upper_bound has {len(bounds)} bounds and '
+                   f'p.bucket_batch_limit {len(limits)} limits; give one '
+                   'limit per bucket.')
+      if not all(isinstance(b, int) and b >= 2 for b in bounds) or any(
+          a >= b for a, b in zip(bounds, bounds[1:])):
+        self._Fail(f'p.bucket_upper_bound is {bounds}; use increasing '
+                   'ints >= 2.')
+      if not all(isinstance(n, int) and n >= 1 for n in limits):
+        self._Fail(f'p.bucket_batch_limit is {limits}; use ints >= 1.')
+    if p.long_sentences not in LONG_SENTENCES:
+      self._Fail(f'p.long_sentences is {p.long_sentences!r}; use one of '
+                 f'{LONG_SENTENCES}.')
     if p.tokenizer == 'subword' and not isinstance(p.max_vocab_size, int):
       self._Fail('p.max_vocab_size is None; a subword vocabulary needs a '
                  'size (e.g. 32000).')
@@ -158,10 +210,19 @@ class MTInput(base_input_generator.BaseInputGenerator):
     p = self.params
     tok = self.tokenizer
     length = p.max_length
-    src = tok.Encode(example[p.source_key])[:length - 1]
-    tgt = tok.Encode(example[p.target_key])[:length - 1]
+    src = tok.Encode(example[p.source_key])
+    tgt = tok.Encode(example[p.target_key])
     eos = tf.constant([tok.EOS_ID], tf.int32)
     sos = tf.constant([tok.SOS_ID], tf.int32)
+    if p.bucket_upper_bound:  # padded in _Batch, to the bucket's bound
+      ids, labels = tf.concat([sos, tgt], 0), tf.concat([tgt, eos], 0)
+      return NestedMap(
+          src=NestedMap(ids=tf.concat([src, eos], 0),
+                        paddings=tf.zeros([tf.size(src) + 1])),
+          tgt=NestedMap(ids=ids, labels=labels,
+                        paddings=tf.zeros([tf.size(ids)]),
+                        weights=tf.ones([tf.size(ids)])))
+    src, tgt = src[:length - 1], tgt[:length - 1]
     src_ids, src_paddings = _PadTo(tf.concat([src, eos], 0), length)
     tgt_ids, tgt_paddings = _PadTo(tf.concat([sos, tgt], 0), length)
     tgt_labels, _ = _PadTo(tf.concat([tgt, eos], 0), length)
@@ -169,6 +230,51 @@ class MTInput(base_input_generator.BaseInputGenerator):
         src=NestedMap(ids=src_ids, paddings=src_paddings),
         tgt=NestedMap(ids=tgt_ids, labels=tgt_labels, paddings=tgt_paddings,
                       weights=1.0 - tgt_paddings))
+
+
+  def _Batch(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
+    p = self.params
+    if not p.bucket_upper_bound:
+      return super()._Batch(dataset)
+    bounds = p.bucket_upper_bound
+
+    def Length(ex: NestedMap) -> tf.Tensor:
+      return tf.maximum(tf.size(ex.src.ids), tf.size(ex.tgt.ids))
+
+    def Count(dropped: tf.Tensor, ex: NestedMap
+              ) -> Tuple[tf.Tensor, NestedMap]:
+      long = Length(ex) > bounds[-1]
+      if p.long_sentences == 'error':
+        check = tf.debugging.Assert(tf.logical_not(long), [
+            f'{p.name}: a pair of', Length(ex),
+            f'tokens {LONG_PAIR_ERROR} ({bounds[-1]}); raise '
+            "bucket_upper_bound or set long_sentences='drop'."],
+            summarize=1)
+        with tf.control_dependencies([check]):
+          long = tf.identity(long)
+      dropped += tf.cast(long, tf.int64)
+      out = NestedMap(ex, dropped_long=dropped, long=long)
+      return dropped, out
+
+    # The count is scan state: an iterator's checkpoint holds it.
+    dataset = dataset.scan(tf.constant(0, tf.int64), _NoAutoGraph(Count))
+    dataset = dataset.filter(_NoAutoGraph(lambda ex: ~ex.long))
+    dataset = dataset.map(_NoAutoGraph(
+        lambda ex: NestedMap({k: v for k, v in ex.items() if k != 'long'})))
+    pad = tokenizer_lib.PAD_ID
+    values = tf.nest.map_structure(lambda spec: tf.constant(0, spec.dtype),
+                                   dataset.element_spec)
+    values.src.paddings = tf.constant(1.0)
+    values.tgt.paddings = tf.constant(1.0)
+    values.src.ids = values.tgt.ids = values.tgt.labels = tf.constant(pad)
+    return dataset.bucket_by_sequence_length(
+        _NoAutoGraph(Length), [b + 1 for b in bounds],
+        list(p.bucket_batch_limit) + [1], padding_values=values,
+        pad_to_bucket_boundary=True, drop_remainder=True)
+
+
+def _NoAutoGraph(fn: Any) -> Any:
+  return tf.autograph.experimental.do_not_convert(fn)
 
 
 def _PadTo(ids: tf.Tensor, length: int) -> Tuple[tf.Tensor, tf.Tensor]:
