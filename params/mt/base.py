@@ -19,7 +19,7 @@ To try other sizes, subclass and change the knobs:
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, List, Optional, Tuple
 
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import lr_schedule
@@ -45,6 +45,11 @@ class TransformerGPipeBase:
   VOCAB_SIZE = 32000
   TOKENIZER = 'subword'  # MTInput.tokenizer: sentencepiece, shared by sides
   MAX_LENGTH = 64
+  # Length buckets of the training input (MTInput): the longest pair of
+  # each, and TokensPerBatch's budget for their batch sizes (multiples of
+  # NUM_MICRO_BATCHES). () trains on BATCH_SIZE pairs padded to MAX_LENGTH.
+  BUCKET_UPPER_BOUND: Tuple[int, ...] = ()
+  TOKENS_PER_BATCH = 0
   # The stack's input holds the embedded sentences, made from variables:
   # its first partition makes their gradient (the planner reads this).
   PIPELINE_INPUT_GRADIENT = True
@@ -99,7 +104,17 @@ class TransformerGPipeBase:
         max_length=self.MAX_LENGTH, max_vocab_size=self.VOCAB_SIZE,
         tokenizer=self.TOKENIZER,
         shuffle_buffer_size=self.SHUFFLE_BUFFER_SIZE if training else 0,
-        repeat=training, seed=self.SEED)
+        repeat=training, seed=self.SEED, **(self._Buckets() if training
+                                            else {}))
+
+  def _Buckets(self) -> Dict[str, List[int]]:
+    """The training input's bucket params; {} without buckets."""
+    if not self.BUCKET_UPPER_BOUND:
+      return {}
+    bounds = list(self.BUCKET_UPPER_BOUND)
+    return dict(bucket_upper_bound=bounds,
+                bucket_batch_limit=input_generator.TokensPerBatch(
+                    bounds, self.TOKENS_PER_BATCH, self.NUM_MICRO_BATCHES))
 
   def Train(self) -> hyperparams.Params:
     return self._Input('train', training=True)
@@ -123,10 +138,17 @@ class TransformerGPipeBase:
         schedule=self.SCHEDULE, num_virtual_stages=self.NUM_VIRTUAL_STAGES)
 
   def MicroBatchInputShapes(self) -> NestedMap:
-    """Shapes of the stack's input state for one training micro-batch."""
-    micro_batch = max(1, self.BATCH_SIZE // self.NUM_MICRO_BATCHES)
-    return transformer.StateShapes(micro_batch, self.MAX_LENGTH,
-                                   self.MAX_LENGTH, self.MODEL_DIM)
+    """Shapes of the stack's input state for one training micro-batch
+    (with buckets: of the bucket whose batch holds the most tokens)."""
+    batch, length = self.BATCH_SIZE, self.MAX_LENGTH
+    buckets = self._Buckets()
+    if buckets:
+      batch, length = max(
+          zip(buckets['bucket_batch_limit'], buckets['bucket_upper_bound']),
+          key=lambda bucket: bucket[0] * bucket[1])
+    micro_batch = max(1, batch // self.NUM_MICRO_BATCHES)
+    return transformer.StateShapes(micro_batch, length, length,
+                                   self.MODEL_DIM)
 
   def Task(self) -> hyperparams.Params:
     p = model.TransformerMT.Params().Set(

@@ -53,11 +53,14 @@ class _Folder(base.TransformerGPipeBase):
 class TransformerFolder(_Folder):
   """Transformer base (6 + 6 layers, d=512, 8 heads), K=2, M=4.
 
-  A 16k-id sentencepiece vocabulary shared by both sides, sentences of up
-  to 64 subwords, batch 64; Adam with 4000 steps of warm-up, 100k steps.
+  A 16k-id sentencepiece vocabulary shared by both sides; training pairs
+  of up to 98 subwords in length buckets of at most 64 x 64 tokens a batch
+  (mt.wmt14_en_de's bounds); Adam with 4000 steps of warm-up, 100k steps.
   """
 
   VOCAB_SIZE = 16000
+  BUCKET_UPPER_BOUND = (10, 14, 19, 26, 36, 50, 70, 98)
+  TOKENS_PER_BATCH = 64 * 64
 
 
 @model_registry.RegisterSingleTaskModel
@@ -65,12 +68,16 @@ class TransformerTinyFolder(_Folder, synthetic.TransformerTinyGPipe):
   """mt.synthetic.TransformerTinyGPipe on your pairs: 2 + 2 layers, d=64,
   K=2, M=4 micro-batches of 8; a first try on a CPU.
 
-  A 4000-id vocabulary (fewer for a small corpus), sentences of up to 32
-  subwords, dropout 0.1; 2000 steps.
+  A 4000-id vocabulary (fewer for a small corpus); training pairs of up
+  to 98 subwords in length buckets of at most 32 x 32 tokens a batch
+  (mt.wmt14_en_de's bounds), evaluation pairs of up to 32; dropout 0.1;
+  2000 steps.
   """
 
   VOCAB_SIZE = 4000
   MAX_LENGTH = 32
+  BUCKET_UPPER_BOUND = (10, 14, 19, 26, 36, 50, 70, 98)
+  TOKENS_PER_BATCH = 32 * 32
   EVAL_BATCH_SIZE = 16
   DROPOUT = 0.1
   INPUT_DROPOUT = 0.1
