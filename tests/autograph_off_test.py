@@ -2,8 +2,9 @@
 
 Every `tf.function` in lingvo_pipe/, params/ and tests/ (a call or a
 decorator) passes `autograph=False`, and every function handed to a
-`.map`, `.filter`, `.flat_map`, `.interleave` or `.scan` (tf.data's, which
-would convert it) is wrapped in `tf.autograph.experimental.do_not_convert`.
+`.map`, `.filter`, `.flat_map`, `.interleave`, `.scan` or
+`.bucket_by_sequence_length` (tf.data's, which would convert it) is
+wrapped in `tf.autograph.experimental.do_not_convert`.
 Under Bazel the files come from the runfiles, as for
 //tests:bazel_build_test.
 """
@@ -15,7 +16,9 @@ from typing import List
 from absl.testing import absltest
 
 _ROOTS = ('lingvo_pipe', 'params', 'tests')
-_DATASET_METHODS = ('map', 'filter', 'flat_map', 'interleave', 'scan')
+# tf.data's methods that take a function: the function's position.
+_DATASET_METHODS = {'map': 0, 'filter': 0, 'flat_map': 0, 'interleave': 0,
+                    'scan': 1, 'bucket_by_sequence_length': 0}
 _PLAIN = 'tf.autograph.experimental.do_not_convert'
 
 
@@ -37,10 +40,11 @@ def Problems(source: str, path: str) -> List[str]:
     if ast.unparse(node.func) == 'tf.function' and not _AutoGraphOff(node):
       out.append(f'{path}:{node.lineno}: tf.function without '
                  'autograph=False')
-    if (isinstance(node.func, ast.Attribute) and
-        node.func.attr in _DATASET_METHODS and node.args and
-        not (isinstance(node.args[0], ast.Call) and
-             ast.unparse(node.args[0].func) == _PLAIN)):
+    at = (_DATASET_METHODS.get(node.func.attr)
+          if isinstance(node.func, ast.Attribute) else None)
+    if (at is not None and len(node.args) > at and
+        not (isinstance(node.args[at], ast.Call) and
+             ast.unparse(node.args[at].func) == _PLAIN)):
       out.append(f'{path}:{node.lineno}: .{node.func.attr}() of a function '
                  f'not wrapped in {_PLAIN}')
   return out
@@ -76,8 +80,10 @@ class AutoGraphOffTest(absltest.TestCase):
         'ds = ds.filter(Keep)',
         'ok = tf.function(g, autograph=False)',
         'ds = ds.map(tf.autograph.experimental.do_not_convert(g))',
+        'ds = ds.scan(0, Step)',
+        'ds = ds.scan(0, tf.autograph.experimental.do_not_convert(Step))',
     ])
-    self.assertEqual([1, 2, 3, 6, 7], sorted(
+    self.assertEqual([1, 2, 3, 6, 7, 10], sorted(
         int(p.split(':')[1]) for p in Problems(source, 'x.py')))
 
 

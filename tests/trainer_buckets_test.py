@@ -16,6 +16,7 @@ _COMMON = ('train_input.bucket_upper_bound : [8, 12]\n'
            'train_input.bucket_batch_limit : [48, 32]\n'
            'train_input.shuffle_buffer_size : 256\n'
            'task.train.eval_interval_steps : 0\n'
+           'task.train.eval_steps : 1\n'
            'task.train.summary_interval_steps : 4\n'
            'task.train.max_steps : ')
 

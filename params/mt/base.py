@@ -50,6 +50,10 @@ class TransformerGPipeBase:
   # NUM_MICRO_BATCHES). () trains on BATCH_SIZE pairs padded to MAX_LENGTH.
   BUCKET_UPPER_BOUND: Tuple[int, ...] = ()
   TOKENS_PER_BATCH = 0
+  # The same for evaluation and decoding, each batch at most
+  # EVAL_BATCH_SIZE x MAX_LENGTH tokens; the decoder then writes up to the
+  # last bound's tokens (at least MAX_LENGTH), in the split's order.
+  EVAL_BUCKET_UPPER_BOUND: Tuple[int, ...] = ()
   # The stack's input holds the embedded sentences, made from variables:
   # its first partition makes their gradient (the planner reads this).
   PIPELINE_INPUT_GRADIENT = True
@@ -104,17 +108,19 @@ class TransformerGPipeBase:
         max_length=self.MAX_LENGTH, max_vocab_size=self.VOCAB_SIZE,
         tokenizer=self.TOKENIZER,
         shuffle_buffer_size=self.SHUFFLE_BUFFER_SIZE if training else 0,
-        repeat=training, seed=self.SEED, **(self._Buckets() if training
-                                            else {}))
+        repeat=training, seed=self.SEED, **self._Buckets(training))
 
-  def _Buckets(self) -> Dict[str, List[int]]:
-    """The training input's bucket params; {} without buckets."""
-    if not self.BUCKET_UPPER_BOUND:
+  def _Buckets(self, training: bool = True) -> Dict[str, List[int]]:
+    """An input's bucket params; {} without buckets."""
+    bounds = list(self.BUCKET_UPPER_BOUND if training else
+                  self.EVAL_BUCKET_UPPER_BOUND)
+    if not bounds:
       return {}
-    bounds = list(self.BUCKET_UPPER_BOUND)
+    tokens = (self.TOKENS_PER_BATCH if training else
+              self.EVAL_BATCH_SIZE * self.MAX_LENGTH)
     return dict(bucket_upper_bound=bounds,
                 bucket_batch_limit=input_generator.TokensPerBatch(
-                    bounds, self.TOKENS_PER_BATCH, self.NUM_MICRO_BATCHES))
+                    bounds, tokens, self.NUM_MICRO_BATCHES))
 
   def Train(self) -> hyperparams.Params:
     return self._Input('train', training=True)
@@ -158,6 +164,9 @@ class TransformerGPipeBase:
         label_smoothing=self.LABEL_SMOOTHING, random_seed=self.SEED,
         pair_names=[multilingual_input.PairName(pair)
                     for pair in self.PAIRS or []])
+    if self.EVAL_BUCKET_UPPER_BOUND:
+      p.max_decode_length = max(self.MAX_LENGTH,
+                                self.EVAL_BUCKET_UPPER_BOUND[-1])
     tp = p.train
     tp.optimizer = optimizer.Adam.Params().Set(
         beta1=0.9, beta2=self.ADAM_BETA2, epsilon=self.ADAM_EPSILON)

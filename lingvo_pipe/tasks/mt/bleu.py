@@ -16,7 +16,7 @@ implementation of the formula on ids was not (README).
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import sacrebleu
 
@@ -29,12 +29,16 @@ class SacreBleuMetric:
     self._hyps: List[str] = []
     self._refs: List[str] = []
     self._srcs: List[str] = []
+    self._orders: List[int] = []
 
-  def Add(self, hyp: str, ref: str, src: str = '') -> None:
-    """One hypothesis, its reference (and source), as detokenised text."""
+  def Add(self, hyp: str, ref: str, src: str = '',
+          order: Optional[int] = None) -> None:
+    """One hypothesis, its reference (and source), as detokenised text;
+    `order`, its place in the input (Texts sorts by it), else as added."""
     self._hyps.append(hyp)
     self._refs.append(ref)
     self._srcs.append(src)
+    self._orders.append(len(self._orders) if order is None else order)
 
   @property
   def value(self) -> float:
@@ -54,5 +58,8 @@ class SacreBleuMetric:
     return len(self._hyps)
 
   def Texts(self) -> Tuple[List[str], List[str], List[str]]:
-    """(sources, hypotheses, references) in the order added."""
-    return list(self._srcs), list(self._hyps), list(self._refs)
+    """(sources, hypotheses, references) in the input's order (Add's
+    `order`), else as added."""
+    rank = sorted(range(len(self._orders)), key=self._orders.__getitem__)
+    return tuple([texts[i] for i in rank]
+                 for texts in (self._srcs, self._hyps, self._refs))

@@ -27,7 +27,11 @@ the bucket's bound. Nothing is truncated: a pair longer than the last
 bound is dropped (p.long_sentences = 'drop', counted in each batch's
 `dropped_long`: pairs dropped so far) or stops the input ('error').
 `TokensPerBatch` fills the limits from a token budget. Each limit must be
-a multiple of the pipeline's micro-batches (the trainer checks).
+a multiple of the pipeline's micro-batches (the trainer checks). A split
+read once (p.repeat False: evaluation, decoding) keeps every pair: each
+bucket's last batch is filled up to its limit with rows of padding, and
+`index` int64 [b] says each row's place in the split (-1: a filler), so
+the decoder writes its output in the split's order.
 
 One vocabulary serves both sides: words (tokenizer.py) or sentencepiece
 subwords (subword.py), as p.tokenizer says. It is read from
@@ -206,7 +210,8 @@ class MTInput(base_input_generator.BaseInputGenerator):
     return super().GetDataset()
 
   def Preprocess(self, example: Dict[str, Any], seed: tf.Tensor) -> NestedMap:
-    del seed  # Unused.
+    """The pair's ids (module docstring); seed[1], the example's place in
+    the split, is a bucketed evaluation batch's `index`."""
     p = self.params
     tok = self.tokenizer
     length = p.max_length
@@ -216,12 +221,15 @@ class MTInput(base_input_generator.BaseInputGenerator):
     sos = tf.constant([tok.SOS_ID], tf.int32)
     if p.bucket_upper_bound:  # padded in _Batch, to the bucket's bound
       ids, labels = tf.concat([sos, tgt], 0), tf.concat([tgt, eos], 0)
-      return NestedMap(
+      out = NestedMap(
           src=NestedMap(ids=tf.concat([src, eos], 0),
                         paddings=tf.zeros([tf.size(src) + 1])),
           tgt=NestedMap(ids=ids, labels=labels,
                         paddings=tf.zeros([tf.size(ids)]),
                         weights=tf.ones([tf.size(ids)])))
+      if not p.repeat:  # the pair's place in the split (-1: a filler row)
+        out.index = seed[1]
+      return out
     src, tgt = src[:length - 1], tgt[:length - 1]
     src_ids, src_paddings = _PadTo(tf.concat([src, eos], 0), length)
     tgt_ids, tgt_paddings = _PadTo(tf.concat([sos, tgt], 0), length)
@@ -257,9 +265,11 @@ class MTInput(base_input_generator.BaseInputGenerator):
       return dropped, out
 
     # The count is scan state: an iterator's checkpoint holds it.
-    dataset = dataset.scan(tf.constant(0, tf.int64), _NoAutoGraph(Count))
-    dataset = dataset.filter(_NoAutoGraph(lambda ex: ~ex.long))
-    dataset = dataset.map(_NoAutoGraph(
+    dataset = dataset.scan(tf.constant(0, tf.int64),
+                           tf.autograph.experimental.do_not_convert(Count))
+    dataset = dataset.filter(
+        tf.autograph.experimental.do_not_convert(lambda ex: ~ex.long))
+    dataset = dataset.map(tf.autograph.experimental.do_not_convert(
         lambda ex: NestedMap({k: v for k, v in ex.items() if k != 'long'})))
     pad = tokenizer_lib.PAD_ID
     values = tf.nest.map_structure(lambda spec: tf.constant(0, spec.dtype),
@@ -267,14 +277,31 @@ class MTInput(base_input_generator.BaseInputGenerator):
     values.src.paddings = tf.constant(1.0)
     values.tgt.paddings = tf.constant(1.0)
     values.src.ids = values.tgt.ids = values.tgt.labels = tf.constant(pad)
-    return dataset.bucket_by_sequence_length(
-        _NoAutoGraph(Length), [b + 1 for b in bounds],
+    if 'index' in values:
+      values.index = tf.constant(-1, tf.int64)
+    dataset = dataset.bucket_by_sequence_length(
+        tf.autograph.experimental.do_not_convert(Length),
+        [b + 1 for b in bounds],
         list(p.bucket_batch_limit) + [1], padding_values=values,
-        pad_to_bucket_boundary=True, drop_remainder=True)
+        pad_to_bucket_boundary=True, drop_remainder=p.repeat)
+    if p.repeat:
+      return dataset
+    # A split read once: each bucket's last batch is filled up to the
+    # bucket's limit with rows of padding (index -1, weights 0), so every
+    # pair is evaluated and every batch splits into the micro-batches.
+    limits = tf.constant(p.bucket_batch_limit)
+    bound_list = tf.constant(bounds)
 
+    def Fill(batch: NestedMap) -> NestedMap:
+      t = tf.shape(batch.src.ids)[1]
+      bucket = tf.argmax(tf.cast(bound_list >= t, tf.int32))
+      rows = tf.gather(limits, bucket) - tf.shape(batch.src.ids)[0]
+      return tf.nest.map_structure(
+          lambda x, value: tf.pad(
+              x, [[0, rows]] + [[0, 0]] * (x.shape.rank - 1),
+              constant_values=value), batch, values)
 
-def _NoAutoGraph(fn: Any) -> Any:
-  return tf.autograph.experimental.do_not_convert(fn)
+    return dataset.map(tf.autograph.experimental.do_not_convert(Fill))
 
 
 def _PadTo(ids: tf.Tensor, length: int) -> Tuple[tf.Tensor, tf.Tensor]:

@@ -296,8 +296,9 @@ class TransformerMT(base_model.BaseTask):
                     scores=hyps.scores, src_ids=src.ids)
     if 'tgt' in input_batch:
       out.ref_ids = input_batch.tgt.labels
-    if 'pair' in input_batch:
-      out.pair = input_batch.pair
+    for key in ('pair', 'index'):  # index: bucketed inputs (MTInput)
+      if key in input_batch:
+        out[key] = input_batch[key]
     return out
 
   def _BeamSearch(self, theta: NestedMap, encoded: NestedMap,
@@ -393,9 +394,13 @@ class TransformerMT(base_model.BaseTask):
       raise ValueError(
           f"TransformerMT '{self.path}': pair_names is set but the batches "
           'have no `pair`; read them with MultilingualMTInput.')
+    index = decode_out.get('index')
     for i, (hyp, ref, src, hyp_row, ref_row) in enumerate(zip(
         hyps, refs, srcs, decode_out['hyp_ids'], decode_out['ref_ids'])):
-      metrics['bleu'].Add(hyp, ref, src)
+      if index is not None and index[i] < 0:
+        continue  # a row filling a bucket's last batch
+      metrics['bleu'].Add(hyp, ref, src,
+                          order=None if index is None else int(index[i]))
       if names:
         metrics[f'bleu_{names[int(pairs[i])]}'].Add(hyp, ref, src)
       metrics['exact_match'].Update(

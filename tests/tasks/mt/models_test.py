@@ -39,9 +39,12 @@ import params.mt  # noqa: E402
 from tests import folder_testlib  # noqa: E402
 
 _TEST_DEVICES = 4
+# Batches of 4 pairs of 8 tokens, not in length buckets (those are
+# mt_buckets_test's and trainer_buckets_test's).
 _TINY = dict(MODEL_DIM=8, HIDDEN_DIM=16, NUM_HEADS=2, NUM_ENCODER_LAYERS=1,
              NUM_DECODER_LAYERS=1, BATCH_SIZE=4, EVAL_BATCH_SIZE=4,
-             MAX_LENGTH=8, NUM_MICRO_BATCHES=1, SHUFFLE_BUFFER_SIZE=8)
+             MAX_LENGTH=8, NUM_MICRO_BATCHES=1, SHUFFLE_BUFFER_SIZE=8,
+             BUCKET_UPPER_BOUND=(), EVAL_BUCKET_UPPER_BOUND=())
 
 
 def _MtModelKeys():

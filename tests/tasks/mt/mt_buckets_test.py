@@ -1,7 +1,6 @@
 """Length buckets: MTInput's bucketed batches, and the pipeline on each
 bucket's shape against the unpipelined model (every schedule)."""
 
-import collections
 import os
 import re
 import shutil
@@ -66,67 +65,92 @@ class BucketedInputTest(tf.test.TestCase):
   def _Length(self, pair):
     return max(len(pair[0].split()), len(pair[1].split())) + 1
 
-  def testEachBatchIsOneBucketPaddedToItsBound(self):
-    seen = set()
-    for b in self.batches:
-      n, t = b.src.ids.shape
-      self.assertIn(t, _BOUNDS)
-      i = _BOUNDS.index(t)
-      self.assertEqual(n, _LIMITS[i])
-      seen.add(t)
-      for path, leaf in b.FlattenItems():
-        if path != 'dropped_long':
-          self.assertEqual(leaf.shape, (n, t), path)
-      src_len = (b.src.paddings == 0).sum(1)
-      tgt_len = (b.tgt.paddings == 0).sum(1)
-      longer = np.maximum(src_len, tgt_len)
-      # The first bucket that holds the pair: longer than the one before.
-      self.assertTrue(np.all(longer <= t))
-      self.assertTrue(np.all(longer > (_BOUNDS[i - 1] if i else 0)))
-      for row in range(n):
-        m, k = src_len[row], tgt_len[row]
-        self.assertEqual(b.src.ids[row, m - 1], tokenizer.EOS_ID)
-        self.assertAllEqual(b.src.ids[row, m:], np.zeros(t - m))
-        self.assertAllEqual(b.src.paddings[row], np.arange(t) >= m)
-        self.assertEqual(b.tgt.ids[row, 0], tokenizer.SOS_ID)
-        self.assertEqual(b.tgt.labels[row, k - 1], tokenizer.EOS_ID)
-        self.assertAllEqual(b.tgt.ids[row, 1:k], b.tgt.labels[row, :k - 1])
-        self.assertAllEqual(b.tgt.labels[row, k:], np.zeros(t - k))
-        self.assertAllEqual(b.tgt.weights[row], 1.0 - b.tgt.paddings[row])
-    self.assertEqual(seen, set(_BOUNDS))
+  def _Pairs(self, tok, b):
+    return list(zip(
+        [s.decode() for s in tok.Decode(b.src.ids).numpy()],
+        [s.decode() for s in tok.Decode(b.tgt.labels).numpy()]))
 
-  def testEveryPairOnceNothingTruncated(self):
+  def _CheckBatch(self, b):
+    """One bucket's batch: its limit of rows, each pair (or filler row)
+    padded to the bound in Lingvo's layout. Returns the real rows."""
+    n, t = b.src.ids.shape
+    self.assertIn(t, _BOUNDS)
+    i = _BOUNDS.index(t)
+    self.assertEqual(n, _LIMITS[i])
+    for path, leaf in b.FlattenItems():
+      if path not in ('dropped_long', 'index'):
+        self.assertEqual(leaf.shape, (n, t), path)
+    real = b.index >= 0 if 'index' in b else np.ones(n, bool)
+    src_len = (b.src.paddings == 0).sum(1)
+    tgt_len = (b.tgt.paddings == 0).sum(1)
+    longer = np.maximum(src_len, tgt_len)
+    # The first bucket that holds the pair: longer than the one before.
+    self.assertTrue(np.all(longer[real] <= t))
+    self.assertTrue(np.all(longer[real] > (_BOUNDS[i - 1] if i else 0)))
+    for row in range(n):
+      m, k = src_len[row], tgt_len[row]
+      if not real[row]:  # a filler: nothing but padding
+        self.assertEqual(m + k, 0)
+        self.assertAllEqual(b.src.ids[row], np.zeros(t))
+        self.assertAllEqual(b.tgt.labels[row], np.zeros(t))
+        self.assertAllEqual(b.tgt.weights[row], np.zeros(t))
+        continue
+      self.assertEqual(b.src.ids[row, m - 1], tokenizer.EOS_ID)
+      self.assertAllEqual(b.src.ids[row, m:], np.zeros(t - m))
+      self.assertAllEqual(b.src.paddings[row], np.arange(t) >= m)
+      self.assertEqual(b.tgt.ids[row, 0], tokenizer.SOS_ID)
+      self.assertEqual(b.tgt.labels[row, k - 1], tokenizer.EOS_ID)
+      self.assertAllEqual(b.tgt.ids[row, 1:k], b.tgt.labels[row, :k - 1])
+      self.assertAllEqual(b.tgt.labels[row, k:], np.zeros(t - k))
+      self.assertAllEqual(b.tgt.weights[row], 1.0 - b.tgt.paddings[row])
+    return real
+
+  def testASplitReadOnceHasEveryPairOnceInItsOrder(self):
+    """Evaluation and decoding: each bucket's last batch filled up with
+    padding rows, `index` the pair's place in the split."""
     tok = self.inp.tokenizer
-    got = collections.Counter()
+    where = {pair: i for i, pair in enumerate(self.raw)}
+    got, seen = [], set()
     for b in self.batches:
-      got.update(zip([s.decode() for s in tok.Decode(b.src.ids).numpy()],
-                     [s.decode() for s in tok.Decode(b.tgt.labels).numpy()]))
-    kept = collections.Counter(
-        pair for pair in self.raw if self._Length(pair) <= _BOUNDS[-1])
-    self.assertEqual(got - kept, collections.Counter())  # none invented
-    # The only ones missing: each bucket's last partial batch.
-    self.assertLess(sum((kept - got).values()), sum(_LIMITS))
-    self.assertGreater(sum(got.values()), 0.8 * len(self.raw))
+      real = self._CheckBatch(b)
+      seen.add(b.src.ids.shape[1])
+      for pair, index, keep in zip(self._Pairs(tok, b), b.index, real):
+        if keep:
+          self.assertEqual(index, where[pair], pair)  # whole, in its place
+          got.append(pair)
+        else:
+          self.assertEqual(index, -1)
+    self.assertEqual(seen, set(_BOUNDS))
+    kept = [pair for pair in self.raw if self._Length(pair) <= _BOUNDS[-1]]
+    self.assertEqual(sorted(got), sorted(kept))
+    self.assertLess(sum(map(self._Length, got)) / len(got), _BOUNDS[-1])
+
+  def testTrainingBatchesAreFullAndUnindexed(self):
+    inp = _Params(self.data_dir, repeat=True,
+                  shuffle_buffer_size=64).Instantiate()
+    seen = set()
+    for b in inp.GetDataset().take(120):
+      b = b.Transform(lambda t: t.numpy())
+      self.assertNotIn('index', b)
+      self.assertTrue(np.all(self._CheckBatch(b)))
+      self.assertTrue(np.all((b.tgt.weights.sum(1) > 0)))
+      seen.add(b.src.ids.shape[1])
+    self.assertEqual(seen, set(_BOUNDS))
 
   def testLongPairsDroppedAndCounted(self):
     inp = _Params(self.data_dir, bucket_upper_bound=[5, 8],
                   bucket_batch_limit=[3, 2]).Instantiate()
     long = [self._Length(pair) > 8 for pair in self.raw]
     self.assertGreater(sum(long), 0)
-    where = {pair: i for i, pair in enumerate(self.raw)}
-    tok = inp.tokenizer
     rows = 0
     for b in _Batches(inp):
       self.assertLessEqual(b.src.ids.shape[1], 8)
-      pairs = zip([s.decode() for s in tok.Decode(b.src.ids).numpy()],
-                  [s.decode() for s in tok.Decode(b.tgt.labels).numpy()])
-      for pair, count in zip(pairs, b.dropped_long):
-        # Each pair carries the count of long pairs before it, and is
-        # kept whole.
-        self.assertEqual(count, sum(long[:where[pair]]), pair)
-        rows += 1
-    # Missing beyond the long ones: each bucket's last partial batch.
-    self.assertLess(len(self.raw) - sum(long) - rows, 3 + 2)
+      for index, count in zip(b.index, b.dropped_long):
+        # Each pair carries the count of long pairs before it.
+        if index >= 0:
+          self.assertEqual(count, sum(long[:index]), index)
+          rows += 1
+    self.assertEqual(rows, len(self.raw) - sum(long))
 
   def testLongPairIsAnErrorWhenAsked(self):
     inp = _Params(self.data_dir, bucket_upper_bound=[5, 8],
@@ -173,7 +197,7 @@ _SHAPES = [(8, 4, 3), (2, 12, 11)]
 
 
 def _Layers():
-  return transformer.TransformerLayers(2, 2, _D, 2 * _D, 2,
+  return transformer.TransformerLayers(1, 1, _D, 2 * _D, 2,
                                        dropout_prob=0.1,
                                        atten_dropout_prob=0.1,
                                        relu_dropout_prob=0.1)
@@ -293,7 +317,7 @@ class BucketedTrainingTest(tf.test.TestCase):
       batches.append(batch)
 
     def Train(batches):
-      layers = transformer.TransformerLayers(2, 2, _D, 2 * _D, 2)
+      layers = transformer.TransformerLayers(1, 1, _D, 2 * _D, 2)
       p = model.TransformerMT.Params().Set(
           name='mt', src_vocab_size=_V, tgt_vocab_size=_V, model_dim=_D,
           stack=transformer.PipelinedStack(layers, 2, 2),
@@ -319,3 +343,40 @@ class BucketedTrainingTest(tf.test.TestCase):
       if not name.endswith('b_key'):
         self.assertGreater(np.abs(value - start[name]).max(), 1e-4, name)
       self.assertAllClose(value, got[name], atol=1e-5, rtol=1e-5, msg=name)
+
+
+class BucketedDecodeTest(tf.test.TestCase):
+
+  def testAPairDecodesInItsBucketAsPaddedToTheLongest(self):
+    p = _Task(transformer.SequentialStack(_Layers())).params.Copy()
+    p.max_decode_length = 12
+    task = p.Instantiate()
+    decode = tf.function(task.DecodeStep, autograph=False)
+    for shape, seed in ((8, 4, 3), 30), ((2, 12, 11), 31):
+      batch = _Batch(*shape, seed=seed)
+      del batch['example_keys']
+      got = decode(batch)
+      want = decode(_PadTo(batch, 12, 12))
+      self.assertAllEqual(want.hyp_ids, got.hyp_ids)
+      self.assertAllClose(want.scores, got.scores, atol=1e-12, rtol=1e-12)
+
+  def testTextsAreWrittenInTheSplitsOrderWithoutFillers(self):
+    task = _Task(transformer.SequentialStack(_Layers()))
+    eos = tokenizer.EOS_ID
+    rows = {0: [5, 6, eos], 1: [7, eos, 0], 2: [8, 9, eos]}
+
+    def Out(indices):
+      ids = np.array([rows.get(i, [0, 0, 0]) for i in indices], np.int32)
+      return {'hyp_ids': ids, 'ref_ids': ids, 'src_ids': ids,
+              'index': np.array(indices, np.int64)}
+
+    metrics = task.CreateDecoderMetrics()
+    # Decoded bucket by bucket: [2, 0, filler], then [1, filler].
+    task.PostProcessDecodeOut(Out([2, 0, -1]), metrics)
+    task.PostProcessDecodeOut(Out([1, -1]), metrics)
+    self.assertEqual(metrics['bleu'].total_weight, 3)
+    self.assertEqual(metrics['exact_match'].value, 1.0)
+    prefix = os.path.join(self.create_tempdir().full_path, 'out')
+    task.DecodeFinalize(metrics, prefix)
+    with open(prefix + '.hyp.txt') as f:
+      self.assertEqual(f.read().splitlines(), ['5 6', '7', '8 9'])
