@@ -352,6 +352,14 @@ def Buckets(p: hyperparams.Params) -> List[Tuple[int, int]]:
   return list(zip(p.bucket_upper_bound or [], p.bucket_batch_limit or []))
 
 
+def LargestBucket(p: hyperparams.Params) -> Optional[Tuple[int, int]]:
+  """(bound, batch size) of the bucket whose batch holds the most tokens
+  (what the pipeline's partitions and plan are sized for); None without
+  buckets."""
+  buckets = Buckets(p)
+  return max(buckets, key=lambda b: b[0] * b[1]) if buckets else None
+
+
 def _ToNestedMap(value: Any) -> Any:
   """Dicts (recursively) as NestedMaps; other values as they are."""
   if isinstance(value, dict):

@@ -9,7 +9,9 @@ micro-batch from the model's params class: its `MicroBatchInputShapes()`
 (params/image/classifier_base.py, params/mt/base.py) gives them for the
 model's own micro-batch, and `InputShapes(b)` puts micro-batch size b on
 the pipeline's batch axis. The batch is the train input's batch_size per
-replica.
+replica, or with length buckets that of the bucket holding the most tokens
+(base_input_generator.LargestBucket), for which MicroBatchInputShapes
+gives the shapes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, List, Optional
 
 import tensorflow as tf
 
+from lingvo_pipe.core import base_input_generator
 from lingvo_pipe.core import gpipe
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import layers as layers_lib
@@ -116,7 +119,10 @@ def FromRegistry(name: str, override_text: str = '') -> ModelPipeline:
     raise ValueError(f"Model '{name}' has no Train() input; define it, the "
                      'planner takes the batch size from it.')
   replicas = p.task.train.num_replicas
-  batch = train_input.batch_size // replicas
+  # With length buckets: the bucket holding the most tokens, as the
+  # model's MicroBatchInputShapes (params/mt/base.py).
+  largest = base_input_generator.LargestBucket(train_input)
+  batch = (largest[1] if largest else train_input.batch_size) // replicas
   micro = pipe_p.micro_batch_size
   return ModelPipeline(
       name=name, layers=FlattenCells(pipe_p.cell_tpl),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
+from lingvo_pipe.core import base_input_generator
 from lingvo_pipe.core import hyperparams
 from lingvo_pipe.core import lr_schedule
 from lingvo_pipe.core import optimizer
@@ -147,11 +148,9 @@ class TransformerGPipeBase:
     """Shapes of the stack's input state for one training micro-batch
     (with buckets: of the bucket whose batch holds the most tokens)."""
     batch, length = self.BATCH_SIZE, self.MAX_LENGTH
-    buckets = self._Buckets()
-    if buckets:
-      batch, length = max(
-          zip(buckets['bucket_batch_limit'], buckets['bucket_upper_bound']),
-          key=lambda bucket: bucket[0] * bucket[1])
+    largest = base_input_generator.LargestBucket(self.Train())
+    if largest:
+      length, batch = largest
     micro_batch = max(1, batch // self.NUM_MICRO_BATCHES)
     return transformer.StateShapes(micro_batch, length, length,
                                    self.MODEL_DIM)
