@@ -78,7 +78,6 @@ class TransformerTinyFolder(_Folder, synthetic.TransformerTinyGPipe):
   MAX_LENGTH = 32
   BUCKET_UPPER_BOUND = (10, 14, 19, 26, 36, 50, 70, 98)
   TOKENS_PER_BATCH = 32 * 32
-  EVAL_BUCKET_UPPER_BOUND = ()
   EVAL_BATCH_SIZE = 16
   DROPOUT = 0.1
   INPUT_DROPOUT = 0.1

@@ -38,9 +38,6 @@ class TransformerTinyGPipe(base.TransformerGPipeBase):
   TOKENIZER = 'word'
   VOCAB_SIZE = 4 + 2 * synthetic_translation.NUM_WORDS
   MAX_LENGTH = synthetic_translation.MAX_LENGTH + 2
-  # Evaluation and decoding in length buckets (MTInput), the longest as
-  # long as MAX_LENGTH: the decoder writes as many tokens as unbucketed.
-  EVAL_BUCKET_UPPER_BOUND = (6, 10, MAX_LENGTH)
   BATCH_SIZE = 32
   EVAL_BATCH_SIZE = 40
   SHUFFLE_BUFFER_SIZE = 2000
@@ -87,7 +84,6 @@ class MultilingualTinyGPipe(TransformerTinyGPipe):
             for lang in synthetic_multilingual.LANGUAGES])
   VOCAB_SIZE = 4 + 4 * synthetic_translation.NUM_WORDS + 3
   MAX_LENGTH = synthetic_translation.MAX_LENGTH + 3  # + token, </s> or <s>
-  EVAL_BUCKET_UPPER_BOUND = (7, 11, MAX_LENGTH)
   MODEL_DIM = 128
   HIDDEN_DIM = 512
   MAX_STEPS = 3000
