@@ -32,6 +32,11 @@ from lingvo_pipe.tasks.mt import multilingual_input
 from lingvo_pipe.tasks.mt import transformer
 
 
+# Length buckets of Lingvo's WMT14 recipe: bounds about 1.4x apart, up to
+# 98 subwords (the WMT and folder models' BUCKET_UPPER_BOUND).
+WMT14_BUCKETS = (10, 14, 19, 26, 36, 50, 70, 98)
+
+
 class TransformerGPipeBase:
   """Knobs and the Task/Train/Dev/Test recipe (module docstring)."""
 
@@ -48,7 +53,8 @@ class TransformerGPipeBase:
   MAX_LENGTH = 64
   # Length buckets of the training input (MTInput): the longest pair of
   # each, and TokensPerBatch's budget for their batch sizes (multiples of
-  # NUM_MICRO_BATCHES). () trains on BATCH_SIZE pairs padded to MAX_LENGTH.
+  # NUM_MICRO_BATCHES; 0: BATCH_SIZE x MAX_LENGTH, the padded batch's
+  # tokens). () trains on BATCH_SIZE pairs padded to MAX_LENGTH.
   BUCKET_UPPER_BOUND: Tuple[int, ...] = ()
   TOKENS_PER_BATCH = 0
   # The same for evaluation and decoding, each batch at most
@@ -119,8 +125,8 @@ class TransformerGPipeBase:
                   self.EVAL_BUCKET_UPPER_BOUND)
     if not bounds:
       return {}
-    tokens = (self.TOKENS_PER_BATCH if training else
-              self.EVAL_BATCH_SIZE * self.MAX_LENGTH)
+    tokens = ((self.TOKENS_PER_BATCH or self.BATCH_SIZE * self.MAX_LENGTH)
+              if training else self.EVAL_BATCH_SIZE * self.MAX_LENGTH)
     return dict(bucket_upper_bound=bounds,
                 bucket_batch_limit=input_generator.TokensPerBatch(
                     bounds, tokens, self.NUM_MICRO_BATCHES))

@@ -41,6 +41,7 @@ class _Folder(base.TransformerGPipeBase):
   DEV_SPLIT = 'test'
   TEST_SPLIT = 'test'
   TOKENIZER = 'subword'
+  BUCKET_UPPER_BOUND = base.WMT14_BUCKETS  # pairs of up to 98 subwords
 
   def _Input(self, split: str, training: bool) -> hyperparams.Params:
     """base's input params, read by TranslateFolderInput."""
@@ -55,12 +56,10 @@ class TransformerFolder(_Folder):
 
   A 16k-id sentencepiece vocabulary shared by both sides; training pairs
   of up to 98 subwords in length buckets of at most 64 x 64 tokens a batch
-  (mt.wmt14_en_de's bounds); Adam with 4000 steps of warm-up, 100k steps.
+  (base.WMT14_BUCKETS); Adam with 4000 steps of warm-up, 100k steps.
   """
 
   VOCAB_SIZE = 16000
-  BUCKET_UPPER_BOUND = (10, 14, 19, 26, 36, 50, 70, 98)
-  TOKENS_PER_BATCH = 64 * 64
 
 
 @model_registry.RegisterSingleTaskModel
@@ -70,14 +69,12 @@ class TransformerTinyFolder(_Folder, synthetic.TransformerTinyGPipe):
 
   A 4000-id vocabulary (fewer for a small corpus); training pairs of up
   to 98 subwords in length buckets of at most 32 x 32 tokens a batch
-  (mt.wmt14_en_de's bounds), evaluation pairs of up to 32; dropout 0.1;
+  (base.WMT14_BUCKETS), evaluation pairs of up to 32; dropout 0.1;
   2000 steps.
   """
 
   VOCAB_SIZE = 4000
   MAX_LENGTH = 32
-  BUCKET_UPPER_BOUND = (10, 14, 19, 26, 36, 50, 70, 98)
-  TOKENS_PER_BATCH = 32 * 32
   EVAL_BATCH_SIZE = 16
   DROPOUT = 0.1
   INPUT_DROPOUT = 0.1

@@ -33,9 +33,9 @@ class TransformerBigGPipe(base.TransformerGPipeBase):
   bubble (K-1)/(M+K-1) at 16%). Adam (0.9, 0.98, 1e-9), the Transformer
   learning-rate schedule peaking at 1024^-0.5 * 4000^-0.5 ~ 4.9e-4 after
   4000 warm-up steps, label smoothing 0.1. Training batches come from
-  length buckets up to 98 subwords (bounds about 1.4x apart, Lingvo's
-  WMT14 recipe), each holding at most 128 x 64 tokens (its pairs a
-  multiple of M); evaluation: 128 pairs of up to 64 tokens.
+  length buckets up to 98 subwords (base.WMT14_BUCKETS), each holding at
+  most 128 x 64 tokens (its pairs a multiple of M); evaluation: 128 pairs
+  of up to 64 tokens.
   """
 
   DATASET = 'wmt14_translate/de-en'
@@ -43,8 +43,7 @@ class TransformerBigGPipe(base.TransformerGPipeBase):
   TARGET_KEY = 'de'
   VOCAB_SIZE = 37000
   MAX_LENGTH = 64
-  BUCKET_UPPER_BOUND = (10, 14, 19, 26, 36, 50, 70, 98)
-  TOKENS_PER_BATCH = 128 * 64
+  BUCKET_UPPER_BOUND = base.WMT14_BUCKETS
   BATCH_SIZE = 128
   EVAL_BATCH_SIZE = 128
   SHUFFLE_BUFFER_SIZE = 100000
