@@ -360,12 +360,14 @@ def _Next(batches: Iterator[Any], *default: Any) -> Any:
   length bucket (MTInput's long_sentences='error') as TrainingStopped of
   its message alone."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from lingvo_pipe.core import base_input_generator  # pylint: disable=g-import-not-at-top
   try:
     return next(batches, *default)
   except tf.errors.InvalidArgumentError as err:
-    found = re.search(r'\[([^\[\]]*)\] \[(\d+)\] \[([^\[\]]*is longer '
-                      r'than the last length bucket[^\[\]]*)\]',
-                      ' '.join(str(err.message).split()))
+    found = re.search(
+        r'\[([^\[\]]*)\] \[(\d+)\] \[([^\[\]]*' +
+        re.escape(base_input_generator.LONG_PAIR_ERROR) + r'[^\[\]]*)\]',
+        ' '.join(str(err.message).split()))
     if not found:
       raise
     raise TrainingStopped(' '.join(found.groups()).replace("\\'", "'")

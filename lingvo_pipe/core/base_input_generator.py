@@ -344,6 +344,12 @@ class BaseInputGenerator:
                    f'{leaf.shape[1:]}; pad or crop it to a fixed shape.')
 
 
+# What a length-bucketed input's error says of a pair longer than its last
+# bucket (MTInput's long_sentences='error'); the trainer finds the message
+# by it and shows that alone.
+LONG_PAIR_ERROR = 'is longer than the last length bucket'
+
+
 def Buckets(p: hyperparams.Params) -> List[Tuple[int, int]]:
   """(bound, batch size) of each length bucket of an input's params
   (MTInput's bucket_upper_bound and bucket_batch_limit); [] without."""

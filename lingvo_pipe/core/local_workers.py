@@ -310,7 +310,7 @@ def DieWithParent() -> Optional[Callable[[], None]]:
 
 
 def Terminate(procs: List[subprocess.Popen],
-               first: int = signal.SIGTERM) -> None:
+              first: int = signal.SIGTERM) -> None:
   """`first` to each live one's process group, SIGKILL after 5 s; reaps."""
   live = [proc for proc in procs if proc.poll() is None]
   for proc in live:

@@ -65,9 +65,7 @@ from lingvo_pipe.tasks.mt import vocabulary
 
 TOKENIZERS = ('word', 'subword')
 LONG_SENTENCES = ('drop', 'error')
-# Ends the message of the error a pair longer than the last bucket raises
-# with p.long_sentences = 'error' (the trainer shows the message alone).
-LONG_PAIR_ERROR = 'is longer than the last length bucket'
+LONG_PAIR_ERROR = base_input_generator.LONG_PAIR_ERROR
 
 
 def TokensPerBatch(bounds: List[int], tokens: int,
