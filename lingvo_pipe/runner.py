@@ -72,9 +72,14 @@ class Runner:
     return (f'Model: {count:,} trainable parameters '
             f'({partitioner.Bytes(size)}).')
 
-  def _Function(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+  def _Function(self, name: str, fn: Callable[..., Any],
+                spec: Optional[Any] = None) -> Callable[..., Any]:
+    """`fn` as a tf.function; with `spec` (base_input_generator.StepSpec)
+    traced once for every batch that fits it."""
     if name not in self._functions:
-      self._functions[name] = self._tf.function(fn, autograph=False)
+      self._functions[name] = self._tf.function(
+          fn, autograph=False,
+          input_signature=None if spec is None else [spec])
     return self._functions[name]
 
   def _Writer(self, name: str) -> Any:
@@ -90,9 +95,22 @@ class Runner:
       return None
     return input_p.Instantiate().GetDataset()
 
-  def _Batches(self, dataset: str) -> Optional[Iterator[Any]]:
+  def _Batches(self, dataset: str) -> Tuple[Optional[Iterator[Any]], Any]:
+    """(An iterator over `<dataset>_input`'s batches, or None if there
+    is none; _StepSpec of it)."""
     data = self._Dataset(dataset)
-    return None if data is None else iter(data)
+    if data is None:
+      return None, None
+    return iter(data), self._StepSpec(dataset, data)
+
+  def _StepSpec(self, dataset: str, data: Any) -> Optional[Any]:
+    """base_input_generator.StepSpec of `<dataset>_input`, unless
+    task.train.one_trace_for_buckets is off."""
+    from lingvo_pipe.core import base_input_generator  # pylint: disable=g-import-not-at-top
+    if not self._p.task.train.one_trace_for_buckets:
+      return None
+    return base_input_generator.StepSpec(self._p.Get(f'{dataset}_input'),
+                                         data)
 
   def _Pipelines(self) -> List[Any]:
     """The task's PipeliningLayers."""
@@ -201,7 +219,8 @@ class Runner:
     # Replicas' copies of the pipelines' variables start as replica 0's.
     self._task.SyncMirrors()
     self._SummarizeStart(step)
-    train_step = self._Function('train', self._task.TrainStep)
+    train_step = self._Function('train', self._task.TrainStep,
+                                self._StepSpec('train', dataset))
     bar = progress.Progress(tp.max_steps, start_step=step)
     last_time = time.monotonic()
     with interrupts.Deferred():
@@ -249,6 +268,7 @@ class Runner:
       note = (f'first step of a batch of shape {shape[0]}' if
               (shapes or noted) and shape not in shapes else None)
       shapes.add(shape)
+      traces = train_step.experimental_get_tracing_count()
       out = {k: v.numpy() for k, v in train_step(batch).items()}
       if not out['is_finite']:
         self._StopOnNonFinite(step, out)
@@ -259,7 +279,10 @@ class Runner:
       batch_size = shape[0][0] if shape[0] else 0
       values['examples_per_sec'] = batch_size / max(now - last_time, 1e-9)
       if note:
-        note += f': {now - last_time:.1f} s, traced once'
+        note += f': {now - last_time:.1f} s' + (
+            '' if traces == train_step.experimental_get_tracing_count() else
+            ', traced once for every bucket' if train_step.input_signature
+            else ', traced once')
       last_time = now
       bar.Update(step, batch_size, {'loss': values['loss']}, note=note)
       if step % tp.summary_interval_steps == 0 or step == tp.max_steps:
@@ -289,11 +312,11 @@ class Runner:
 
   def Evaluate(self, dataset: str, step: int) -> Dict[str, float]:
     """Weighted means of the task's metrics over eval_steps batches."""
-    batches = self._Batches(dataset)
+    batches, spec = self._Batches(dataset)
     if batches is None:
       logging.info('No %s input; skipping evaluation.', dataset)
       return {}
-    eval_step = self._Function('eval', self._task.EvalStep)
+    eval_step = self._Function('eval', self._task.EvalStep, spec)
     totals: Dict[str, list] = {}
     for _ in range(self._p.task.train.eval_steps):
       interrupts.RaiseIfRequested()
@@ -314,10 +337,11 @@ class Runner:
 
   def Decode(self, dataset: str, step: int) -> Dict[str, float]:
     """Runs Decode over eval_steps batches; returns the decoder metrics."""
-    batches = self._Batches(dataset)
+    batches, _ = self._Batches(dataset)
     if batches is None:
       logging.info('No %s input; skipping decoding.', dataset)
       return {}
+    # Beam search sizes its buffers by the batch: each shape its trace.
     decode_step = self._Function('decode', self._task.DecodeStep)
     metrics = self._task.CreateDecoderMetrics()
     for _ in range(self._p.task.train.eval_steps):

@@ -1,6 +1,7 @@
 """The trainer binary on length-bucketed translation batches: each bucket's
-first step noted once, long pairs counted, and a stopped run resumed on the
-next batch (the bucketed input's position is in the checkpoint)."""
+first step noted once (one trace serves all), long pairs counted, and a
+stopped run resumed on the next batch (the bucketed input's position is in
+the checkpoint)."""
 
 import os
 import re
@@ -23,9 +24,9 @@ _COMMON = ('train_input.bucket_upper_bound : [8, 12]\n'
 
 class TrainerBucketsTest(trainer_testlib.TrainerTestBase):
 
-  def _RunTo(self, logdir, steps):
+  def _RunTo(self, logdir, steps, more=''):
     result = self._Run(logdir, f'--data_dir={self._data}',
-                       f'--model_params_override={_COMMON}{steps}',
+                       f'--model_params_override={more}{_COMMON}{steps}',
                        env={'TF_DETERMINISTIC_OPS': '1'}, model=_MODEL)
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     return result
@@ -39,12 +40,15 @@ class TrainerBucketsTest(trainer_testlib.TrainerTestBase):
     self._RunTo(split, 12)  # (prepares the data, with TFDS's progress)
     result = self._RunTo(whole, 24)
     self.assertEqual(result.stderr, '')  # a quiet console
+    # Each bucket's first step noted once; one trace serves both.
     for shape in ('(48, 8)', '(32, 12)'):
       self.assertEqual(result.stdout.count(
           f'(first step of a batch of shape {shape}: '), 1, result.stdout)
-      self.assertRegex(result.stdout, r'step \d+/24  loss [0-9.]+  .*' +
-                       re.escape(f'(first step of a batch of shape {shape}: ')
-                       + r'[0-9.]+ s, traced once\)')
+    notes = re.findall(r'step \d+/24  loss [0-9.]+  .*\(first step of a '
+                       r'batch of shape \(\d+, \d+\): [0-9.]+ s(.*)\)',
+                       result.stdout)
+    self.assertEqual(notes, [', traced once for every bucket', ''],
+                     result.stdout)
     dropped = [v for _, v in sorted(trainer_testlib.Scalars(
         os.path.join(whole, 'train'))['input/dropped_long'])]
     self.assertGreater(dropped[0], 0)
@@ -58,6 +62,14 @@ class TrainerBucketsTest(trainer_testlib.TrainerTestBase):
     # variables as the unstopped run.
     self.assertSameVariables(os.path.join(whole, 'train', 'ckpt-24'),
                              os.path.join(split, 'train', 'ckpt-24'))
+
+  def testEachBucketTracedAtItsFirstStepWhenAsked(self):
+    result = self._RunTo(self.create_tempdir().full_path, 6,
+                         'task.train.one_trace_for_buckets : False\n')
+    notes = re.findall(r'\(first step of a batch of shape \((\d+, \d+)\): '
+                       r'[0-9.]+ s(.*)\)', result.stdout)
+    self.assertCountEqual(notes, [('48, 8', ', traced once'),
+                                  ('32, 12', ', traced once')])
 
 
 if __name__ == '__main__':

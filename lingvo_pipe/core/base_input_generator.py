@@ -366,6 +366,20 @@ def LargestBucket(p: hyperparams.Params) -> Optional[Tuple[int, int]]:
   return max(buckets, key=lambda b: b[0] * b[1]) if buckets else None
 
 
+def StepSpec(p: hyperparams.Params, dataset: tf.data.Dataset
+             ) -> Optional[Any]:
+  """For an input in length buckets (params `p`, its `dataset`), the
+  spec a step function is traced for once, serving every bucket (docs/
+  DESIGN.md section 38): the batches' spec, unknown on the axes the
+  buckets vary (batch, time), without the count of dropped pairs the
+  model does not see. None without buckets: each shape is traced as it
+  comes, with every axis known."""
+  if not Buckets(p):
+    return None
+  spec = dataset.element_spec
+  return type(spec)((k, v) for k, v in spec.items() if k != 'dropped_long')
+
+
 def _ToNestedMap(value: Any) -> Any:
   """Dicts (recursively) as NestedMaps; other values as they are."""
   if isinstance(value, dict):

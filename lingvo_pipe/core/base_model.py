@@ -249,6 +249,13 @@ def _TrainParams() -> hyperparams.Params:
            'buffer (image.synthetic.ResNetTinyGPipe: 34 MB instead of 1 '
            'MB); False: variables only, a resumed run starts the input '
            'over.')
+  p.Define('one_trace_for_buckets', True,
+           'With length buckets (MTInput.bucket_upper_bound): trace the '
+           'train and eval steps once for every bucket (batch and time '
+           'axes unknown), so start-up costs about one first step; False: '
+           "trace each bucket's shape at its first step, which costs that "
+           'again per bucket but ran the pipelined steps about 10% faster '
+           '(bench/mt_buckets): for long runs.')
   return p
 
 

@@ -266,7 +266,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     except ValueError as err:
       raise ValueError(f"PipeliningLayer '{self.path}': {err}") from None
 
-  def NumMicroBatches(self, batch_size: int,
+  def NumMicroBatches(self, batch_size: Optional[int],
                       num_replicas: Optional[int] = None) -> int:
     """M for a batch of `batch_size`; raises if it does not split evenly.
 
@@ -276,6 +276,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     one replica would.
     """
     num_replicas = num_replicas or self.num_replicas
+    if batch_size is None:  # known when the step runs: split there
+      return self.params.num_micro_batches // num_replicas
     why = MicroBatchError(self.params, batch_size, num_replicas)
     if why:
       raise ValueError(f"PipeliningLayer '{self.path}': {why}.")
@@ -284,7 +286,7 @@ class PipeliningLayer(base_layer.BaseLayer):
       return batch_size // p.micro_batch_size
     return p.num_micro_batches // num_replicas
 
-  def _BatchSize(self, leaves: Sequence[tf.Tensor]) -> int:
+  def _BatchSize(self, leaves: Sequence[tf.Tensor]) -> Optional[int]:
     axis = self.params.batch_dim
     sizes = set()
     for x in leaves:
@@ -293,10 +295,14 @@ class PipeliningLayer(base_layer.BaseLayer):
             f"PipeliningLayer '{self.path}': input of shape {x.shape} has no "
             f'batch axis {axis}; every input needs one.')
       sizes.add(x.shape[axis])
-    if None in sizes:
+    if None in sizes and self.params.micro_batch_size is not None:
       raise ValueError(
-          f"PipeliningLayer '{self.path}' needs a static batch size; give "
-          'the inputs a known shape on the batch axis.')
+          f"PipeliningLayer '{self.path}' with micro_batch_size needs a "
+          'static batch size; give the inputs a known shape on the batch '
+          'axis or set num_micro_batches instead.')
+    sizes.discard(None)
+    if not sizes:
+      return None
     if len(sizes) != 1:
       raise ValueError(
           f"PipeliningLayer '{self.path}': inputs disagree on the batch "

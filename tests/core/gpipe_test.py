@@ -174,6 +174,17 @@ class ExactnessTest(tf.test.TestCase, parameterized.TestCase):
     pipe = lib.Pipeline(k, m, recompute, keep_prob=0.75)
     self._CheckAgainstReferences(pipe, m, _Grads)
 
+  def testBatchAxisKnownOnlyWhenTheStepRuns(self):
+    """One trace for batches of every size (length buckets): the batch
+    splits into the M micro-batches when the step runs; still bitwise."""
+    pipe = lib.Pipeline(2, 4, 'always', keep_prob=0.75)
+    spec = tf.nest.map_structure(
+        lambda x: tf.TensorSpec([None] + x.shape[1:].as_list(), x.dtype),
+        self._inputs)
+    self._CheckAgainstReferences(pipe, 4, lambda p, x: _Grads(
+        p, x, fn_wrapper=lambda f: tf.function(
+            f, autograph=False, input_signature=[spec])))
+
   def testEagerMatchesFunction(self):
     pipe = lib.Pipeline(2, 4, 'always', keep_prob=0.75)
     inputs = lib.Inputs()
@@ -348,6 +359,14 @@ class ErrorTest(tf.test.TestCase):
     with self.assertRaisesRegex(ValueError, 'batch size 8 is not a multiple '
                                 'of micro_batch_size=3'):
       pipe.FPropDefaultTheta(tf.zeros([8, 3]))
+
+  def testMicroBatchSizeNeedsAKnownBatch(self):
+    pipe = self._Build(micro_batch_size=2)
+    fprop = tf.function(pipe.FPropDefaultTheta, autograph=False,
+                        input_signature=[tf.TensorSpec([None, 3])])
+    with self.assertRaisesRegex(ValueError, 'with micro_batch_size needs a '
+                                'static batch size; .* set num_micro_batches'):
+      fprop.get_concrete_function()
 
   def testMoreMicroBatchesThanExamples(self):
     pipe = self._Build(num_micro_batches=16)

@@ -157,7 +157,7 @@ class TransformerMT(base_model.BaseTask):
     """ids [b, t] -> embeddings + positions, dropped out: [b, t, d]."""
     name = self._Table(side)
     x = self.children[name].EmbLookup(theta[name], ids)
-    x += self.pos_emb.FProp(theta.pos_emb, seq_length=ids.shape[1])[None]
+    x += self.pos_emb.FProp(theta.pos_emb, seq_length=tf.shape(ids)[1])[None]
     drop = f'{side}_dropout'
     return self.children[drop].FProp(theta[drop], x, example_keys)
 
