@@ -11,13 +11,14 @@ model's own micro-batch, and `InputShapes(b)` puts micro-batch size b on
 the pipeline's batch axis. The batch is the train input's batch_size per
 replica, or with length buckets that of the bucket holding the most tokens
 (base_input_generator.LargestBucket), for which MicroBatchInputShapes
-gives the shapes.
+gives the shapes; `MicroBatchInputShapes((bound, batch))` gives each
+bucket's (`ModelPipeline.buckets`, the planner's per-bucket report).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -49,10 +50,18 @@ class ModelPipeline:
   # Data-parallel replicas (task.train.num_replicas): the batch and the
   # micro-batches above are one replica's.
   num_replicas: int = 1
+  # With length buckets: (bound, batch per replica, input shapes of one
+  # micro-batch) of each; the fields above are for the one holding the
+  # most tokens.
+  buckets: List[Tuple[int, int, Any]] = dataclasses.field(
+      default_factory=list)
 
-  def InputShapes(self, micro_batch_size: int) -> Any:
-    """The first layer's input shapes for a micro-batch of that size."""
+  def InputShapes(self, micro_batch_size: int, bucket: int = -1) -> Any:
+    """The first layer's input shapes for a micro-batch of that size (of
+    length bucket `bucket`, an index into `buckets`, if given)."""
     axis = self.batch_dim
+    shapes = (self.micro_batch_shapes if bucket < 0 else
+              self.buckets[bucket][2])
 
     def Resize(shape: Any) -> Any:
       spec = shape if isinstance(shape, tf.TensorSpec) else None
@@ -61,7 +70,7 @@ class ModelPipeline:
       return (tf.TensorSpec(dims, spec.dtype) if spec
               else tf.TensorShape(dims))
 
-    return partitioner.MapShapes(Resize, self.micro_batch_shapes)
+    return partitioner.MapShapes(Resize, shapes)
 
 
 def _FindPipelines(p: Any, path: str) -> List[tuple]:
@@ -124,12 +133,15 @@ def FromRegistry(name: str, override_text: str = '') -> ModelPipeline:
   largest = base_input_generator.LargestBucket(train_input)
   batch = (largest[1] if largest else train_input.batch_size) // replicas
   micro = pipe_p.micro_batch_size
+  buckets = [(bound, size // replicas, shapes_fn((bound, size)))
+             for bound, size in base_input_generator.Buckets(train_input)]
   return ModelPipeline(
       name=name, layers=FlattenCells(pipe_p.cell_tpl),
       batch_size=batch, num_partitions=len(pipe_p.cell_tpl),
       num_micro_batches=batch // micro if micro else
       pipe_p.num_micro_batches // replicas,  # each replica runs M / R
-      recompute=pipe_p.recompute, micro_batch_shapes=shapes_fn(),
+      recompute=pipe_p.recompute,
+      micro_batch_shapes=shapes_fn(largest) if largest else shapes_fn(),
       batch_dim=pipe_p.batch_dim, optimizer=p.task.train.optimizer,
       input_gradient=bool(getattr(model, 'PIPELINE_INPUT_GRADIENT', True)),
-      num_replicas=replicas)
+      num_replicas=replicas, buckets=buckets)

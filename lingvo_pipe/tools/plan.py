@@ -91,6 +91,7 @@ tf = quiet.ImportTensorFlow()
 from lingvo_pipe.core import cluster  # noqa: E402
 from lingvo_pipe.core import devices as devices_lib  # noqa: E402
 from lingvo_pipe.core import model_registry  # noqa: E402
+from lingvo_pipe.core import partitioner  # noqa: E402
 from lingvo_pipe.core import schedule_file  # noqa: E402
 from lingvo_pipe.core.schedules import registry  # noqa: E402
 from lingvo_pipe.tools import layer_profile  # noqa: E402
@@ -178,19 +179,9 @@ def Refine(result: plan_search.PlanResult, layers: Sequence[Any],
   (layer_profile.ProfileLayers'); a first partition that keeps its
   activations makes that gradient anyway, as the pipeline's does.
   `exchange`: the replicas' all-reduce, by default `result`'s."""
-  input_gradient = input_gradient or step_model.KeepsActivations(
-      result.recompute, 0, len(result.bounds) - 1)
   together = bool(cores)
-  how = dict(optimizer_p=optimizer_p, num_runs=num_runs,
-             input_gradient=input_gradient,
-             keeps_activations=result.recompute == 'never')
-  if together:
-    parts = layer_profile.ProfilePartitionsTogether(
-        layers, result.bounds, input_shapes, cores,
-        num_virtual_stages=result.layout.num_virtual_stages, **how)
-  else:
-    parts = layer_profile.ProfilePartitions(layers, result.bounds,
-                                            input_shapes, **how)
+  parts = _MeasurePartitions(result, layers, input_shapes, optimizer_p,
+                             num_runs, cores, input_gradient)
   if transfer is None:
     transfer = MeasureTransfer(result.num_devices, cores)
   predicted = plan_search.Predicted(
@@ -251,7 +242,8 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
         f'num_partitions={num_partitions} x num_virtual_stages={v} but '
         f'{pipe.name} has {n} layers; use between 1 and {n // v}.')
   ms = ([num_micro_batches] if num_micro_batches else
-        [m for m in plan_search.Divisors(pipe.batch_size) if m <= 64])
+        [m for m in plan_search.Divisors(pipe.batch_size) if m <= 64 and
+         all(batch % m == 0 for _, batch, _ in pipe.buckets)])
   profiles = {m: ProfileAt(pipe, m, num_runs, recompute) for m in ms}
   num_devices = num_devices or (len(cores) if cores else
                                 devices_lib.NumCores())
@@ -276,6 +268,64 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
     return Refine(result, pipe.layers, pipe.InputShapes(pipe.batch_size // m),
                   pipe.optimizer, num_runs, cores, transfer,
                   pipe.input_gradient)
+
+
+def _MeasurePartitions(result: plan_search.PlanResult, layers: Sequence[Any],
+                       input_shapes: Any, optimizer_p: Any, num_runs: int,
+                       cores: Optional[Sequence[int]],
+                       input_gradient: bool) -> List[Profile]:
+  """One profile per partition of `result`'s split at `input_shapes`
+  (Refine's docstring: with `cores` all at once, else one by one)."""
+  input_gradient = input_gradient or step_model.KeepsActivations(
+      result.recompute, 0, len(result.bounds) - 1)
+  how = dict(optimizer_p=optimizer_p, num_runs=num_runs,
+             input_gradient=input_gradient,
+             keeps_activations=result.recompute == 'never')
+  if cores:
+    return layer_profile.ProfilePartitionsTogether(
+        layers, result.bounds, input_shapes, cores,
+        num_virtual_stages=result.layout.num_virtual_stages, **how)
+  return layer_profile.ProfilePartitions(layers, result.bounds,
+                                         input_shapes, **how)
+
+
+def BucketReport(result: plan_search.PlanResult,
+                 pipe: model_pipeline.ModelPipeline, num_runs: int = 5,
+                 cores: Optional[Sequence[int]] = None) -> str:
+  """Each length bucket of `pipe`'s input on `result`'s split, K, M and
+  schedule (the plan is made for the bucket whose batch holds the most
+  tokens): its partitions measured at the bucket's micro-batch shape,
+  and its predicted step, bubble and busiest device's peak memory, the
+  most of any bucket marked (what the budget must hold)."""
+  m = result.num_micro_batches
+  rows = []
+  for i, (bound, batch, _) in enumerate(pipe.buckets):
+    if batch % m:
+      raise ValueError(
+          f'length bucket {bound}: its batch of {batch} does not split into '
+          f'M={m} micro-batches; plan with an M dividing every bucket\'s '
+          'batch, or change bucket_batch_limit.')
+    with tf.device(devices_lib.DefaultDevices()[0]):
+      parts = _MeasurePartitions(
+          result, pipe.layers, pipe.InputShapes(batch // m, i),
+          pipe.optimizer, num_runs, cores, pipe.input_gradient)
+    rows.append((bound, batch, plan_search.Predicted(
+        result.name, parts, batch, list(range(len(parts) + 1)), m,
+        result.recompute, result.budget, result.transfer, result.layout,
+        result.exchange)))
+  most = max(r.peak_bytes for _, _, r in rows)
+  lines = [f'Length buckets, each on the split above (M={m}; planned for '
+           f'the batch of {pipe.batch_size} holding the most tokens):',
+           '  bucket  batch  step      bubble  peak memory of a device']
+  for bound, batch, r in rows:
+    over = result.budget and r.peak_bytes > result.budget
+    lines.append(
+        f'  {bound:<6}  {batch:<5}  {r.step_s:.3f} s  {r.idle:6.1%}  '
+        f'{partitioner.Bytes(r.peak_bytes)}' +
+        (' (the most)' if r.peak_bytes == most and len(rows) > 1 else '') +
+        (' OVER THE BUDGET: lower this bucket\'s bucket_batch_limit'
+         if over else ''))
+  return '\n'.join(lines)
 
 
 def _Args(argv: Sequence[str]) -> argparse.Namespace:
@@ -344,9 +394,12 @@ def Main(argv: Sequence[str]) -> str:
                      budget, args.num_devices, args.recompute,
                      args.num_timing_runs, cores, args.schedule,
                      args.num_virtual_stages, args.split_backward)
+  report = str(result)
+  if pipe.buckets:
+    report += '\n' + BucketReport(result, pipe, args.num_timing_runs, cores)
   if args.schedule and registry.Lookup(args.schedule).searched:
-    return str(result) + '\n' + Searched(result, args.schedule_csv)
-  return str(result)
+    report += '\n' + Searched(result, args.schedule_csv)
+  return report
 
 
 def Searched(result: plan_search.PlanResult, path: str) -> str:

@@ -152,13 +152,15 @@ class TransformerGPipeBase:
         input_shapes=self.MicroBatchInputShapes(), recompute=self.RECOMPUTE,
         schedule=self.SCHEDULE, num_virtual_stages=self.NUM_VIRTUAL_STAGES)
 
-  def MicroBatchInputShapes(self) -> NestedMap:
-    """Shapes of the stack's input state for one training micro-batch
-    (with buckets: of the bucket whose batch holds the most tokens)."""
+  def MicroBatchInputShapes(self, bucket: Optional[Tuple[int, int]] = None
+                            ) -> NestedMap:
+    """Shapes of the stack's input state for one training micro-batch:
+    of the length `bucket` (bound, batch) if given, else of the bucket
+    whose batch holds the most tokens, or of the padded batch."""
     batch, length = self.BATCH_SIZE, self.MAX_LENGTH
-    largest = base_input_generator.LargestBucket(self.Train())
-    if largest:
-      length, batch = largest
+    bucket = bucket or base_input_generator.LargestBucket(self.Train())
+    if bucket:
+      length, batch = bucket
     micro_batch = max(1, batch // self.NUM_MICRO_BATCHES)
     return transformer.StateShapes(micro_batch, length, length,
                                    self.MODEL_DIM)

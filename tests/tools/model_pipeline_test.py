@@ -26,11 +26,18 @@ class ModelPipelineTest(absltest.TestCase):
                      [batches[i] // m, bounds[i], model.MODEL_DIM])
     self.assertEqual(pipe.micro_batch_shapes.vec.as_list(),
                      shapes.vec.as_list())
+    # Each bucket's own micro-batch shapes (the planner's bucket report).
+    self.assertEqual([(b, n) for b, n, _ in pipe.buckets],
+                     list(zip(bounds, batches)))
+    for bound, batch, shapes in pipe.buckets:
+      self.assertEqual(shapes.vec.as_list(),
+                       [batch // m, bound, model.MODEL_DIM])
 
   def testWithoutBucketsTheTrainBatch(self):
     pipe = model_pipeline.FromRegistry('mt.synthetic.TransformerTinyGPipe')
     self.assertEqual(pipe.batch_size, 32)
     self.assertEqual(pipe.micro_batch_shapes.vec.as_list(), [8, 14, 64])
+    self.assertEqual(pipe.buckets, [])
 
 
 if __name__ == '__main__':
