@@ -60,6 +60,13 @@ recompute 'never' it compares ZB-H1 too, each backward measured as its
 two actions run it (layer_profile's keeps_activations). The report says
 which schedule and why in one line.
 
+A model in length buckets (MTInput's bucket_upper_bound) is planned for
+the bucket whose batch holds the most tokens; then each bucket is
+predicted on that split, K, M and schedule, its partitions measured at
+its own micro-batch shape (`BucketReport`: step, bubble, the busiest
+device's peak memory, the most marked), and suggested M divide every
+bucket's batch.
+
 To plan for worker processes pinned to one core each, run the planner
 pinned the same way (`taskset -c 0 python -m lingvo_pipe.tools.plan ...`):
 the measured layers then get one core, as each partition will. Give it
