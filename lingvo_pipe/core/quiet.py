@@ -95,7 +95,8 @@ class _SaverRetracing(logging.Filter):
   that "5 out of the last 5 calls ... triggered tf.function retracing" and
   tells the user to change their code: nothing of ours to change. The
   same for a task's step functions, traced once per length bucket's shape
-  (the progress line notes each).
+  with task.train.one_trace_for_buckets off (the progress line notes
+  each).
   """
 
   def filter(self, record: logging.LogRecord) -> bool:

@@ -251,6 +251,13 @@ def PlanModel(pipe: model_pipeline.ModelPipeline,
   ms = ([num_micro_batches] if num_micro_batches else
         [m for m in plan_search.Divisors(pipe.batch_size) if m <= 64 and
          all(batch % m == 0 for _, batch, _ in pipe.buckets)])
+  uneven = [(bound, batch) for bound, batch, _ in pipe.buckets
+            if num_micro_batches and batch % num_micro_batches]
+  if uneven:
+    raise ValueError(
+        f'length buckets (bound, batch) {uneven}: the batch does not split '
+        f'into M={num_micro_batches} micro-batches; change '
+        'bucket_batch_limit or --num_micro_batches.')
   profiles = {m: ProfileAt(pipe, m, num_runs, recompute) for m in ms}
   num_devices = num_devices or (len(cores) if cores else
                                 devices_lib.NumCores())
@@ -307,11 +314,6 @@ def BucketReport(result: plan_search.PlanResult,
   m = result.num_micro_batches
   rows = []
   for i, (bound, batch, _) in enumerate(pipe.buckets):
-    if batch % m:
-      raise ValueError(
-          f'length bucket {bound}: its batch of {batch} does not split into '
-          f'M={m} micro-batches; plan with an M dividing every bucket\'s '
-          'batch, or change bucket_batch_limit.')
     with tf.device(devices_lib.DefaultDevices()[0]):
       parts = _MeasurePartitions(
           result, pipe.layers, pipe.InputShapes(batch // m, i),

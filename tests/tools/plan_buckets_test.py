@@ -52,5 +52,16 @@ class PlanBucketsTest(absltest.TestCase):
                      [p == max(peaks) for p in peaks])
 
 
+  def testAnMThatSplitsNoBucketIsOneLineBeforeMeasuring(self):
+    with mock.patch.object(plan, 'ProfileAt') as profile, \
+        self.assertRaisesRegex(ValueError, r'^length buckets \(bound, '
+                               r'batch\) \[\(20, 4\)\]: the batch does not '
+                               'split into M=8 micro-batches'):
+      plan.Main(['--model=mt.folder.TransformerTinyFolder',
+                 '--num_partitions=2', '--num_micro_batches=8',
+                 f'--model_params_override={_BUCKETS}'])
+    profile.assert_not_called()
+
+
 if __name__ == '__main__':
   absltest.main()
