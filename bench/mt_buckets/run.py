@@ -57,7 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -95,6 +95,21 @@ def MakeCorpus(root: str, pairs: int, seed: int = 5) -> dict:
           'max_target_words': int(np.max(lengths))}
 
 
+def _SetBuckets(inp: Any, mode: str, bounds: Optional[List[int]],
+                m: int) -> None:
+  """The train input's buckets for `mode` (RunOne's docstring)."""
+  from lingvo_pipe.tasks.mt import input_generator  # pylint: disable=g-import-not-at-top
+  if mode == 'buckets' and bounds:
+    inp.bucket_upper_bound = list(bounds)
+    inp.bucket_batch_limit = input_generator.TokensPerBatch(
+        bounds, inp.batch_size * inp.max_length, m)
+  if mode == 'padded' and inp.bucket_upper_bound:
+    tokens = max(b * n for b, n in zip(inp.bucket_upper_bound,
+                                       inp.bucket_batch_limit))
+    inp.bucket_upper_bound = [_BOUND]
+    inp.bucket_batch_limit = [max(m, tokens // _BOUND // m * m)]
+
+
 def RunOne(model: str, mode: str, root: str, logdir: str, steps: int,
            trace: str = 'once', bounds: Optional[List[int]] = None) -> dict:
   """One run, in this process (the `--mode` child).
@@ -109,20 +124,10 @@ def RunOne(model: str, mode: str, root: str, logdir: str, steps: int,
   from lingvo_pipe.core import quiet  # pylint: disable=g-import-not-at-top
   tf = quiet.ImportTensorFlow()
   from lingvo_pipe.core import base_input_generator  # pylint: disable=g-import-not-at-top
-  from lingvo_pipe.tasks.mt import input_generator  # pylint: disable=g-import-not-at-top
   p = trainer.LoadParams(model, data_dir=root)
   trainer.VocabularyInLogdir(p, logdir)
-  m = p.task.stack.num_micro_batches
   inp = p.train_input
-  if mode == 'buckets' and bounds:
-    inp.bucket_upper_bound = list(bounds)
-    inp.bucket_batch_limit = input_generator.TokensPerBatch(
-        bounds, inp.batch_size * inp.max_length, m)
-  if mode == 'padded' and inp.bucket_upper_bound:
-    tokens = max(b * n for b, n in zip(inp.bucket_upper_bound,
-                                       inp.bucket_batch_limit))
-    inp.bucket_upper_bound = [_BOUND]
-    inp.bucket_batch_limit = [max(m, tokens // _BOUND // m * m)]
+  _SetBuckets(inp, mode, bounds, p.task.stack.num_micro_batches)
   trainer.CheckBatches(p)
   from lingvo_pipe.core import base_model  # pylint: disable=g-import-not-at-top
   trainer.SetUpDevices('cpu', base_model.NumDevicesNeeded(p.task))
