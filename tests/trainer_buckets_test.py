@@ -1,7 +1,8 @@
 """The trainer binary on length-bucketed translation batches: each bucket's
-first step noted once (one trace serves all), long pairs counted, and a
-stopped run resumed on the next batch (the bucketed input's position is in
-the checkpoint)."""
+first step noted once (one trace serves all, or one per shape when asked),
+long pairs counted, and a stopped run resumed on the next batch (the
+bucketed input's position is in the checkpoint), bitwise whichever way its
+steps were traced."""
 
 import os
 import re
@@ -37,7 +38,14 @@ class TrainerBucketsTest(trainer_testlib.TrainerTestBase):
 
   def testEachBucketNotedOnceLongPairsCountedAndAStoppedRunResumes(self):
     whole, split = (self.create_tempdir().full_path for _ in range(2))
-    self._RunTo(split, 12)  # (prepares the data, with TFDS's progress)
+    # Its first half with each shape traced at its first step (the data
+    # prepared, with TFDS's progress); the second with one trace.
+    first = self._RunTo(split, 12,
+                        'task.train.one_trace_for_buckets : False\n')
+    notes = re.findall(r'\(first step of a batch of shape \((\d+, \d+)\): '
+                       r'[0-9.]+ s(.*)\)', first.stdout)
+    self.assertCountEqual(notes, [('48, 8', ', traced once'),
+                                  ('32, 12', ', traced once')])
     result = self._RunTo(whole, 24)
     self.assertEqual(result.stderr, '')  # a quiet console
     # Each bucket's first step noted once; one trace serves both.
@@ -59,17 +67,9 @@ class TrainerBucketsTest(trainer_testlib.TrainerTestBase):
     self.assertIn('Resumed from', result.stdout)
     self.assertIn('at step 12; input position restored.', result.stdout)
     # The same batches in the same order after the stop: bitwise the same
-    # variables as the unstopped run.
+    # variables as the unstopped run (traced once or per shape alike).
     self.assertSameVariables(os.path.join(whole, 'train', 'ckpt-24'),
                              os.path.join(split, 'train', 'ckpt-24'))
-
-  def testEachBucketTracedAtItsFirstStepWhenAsked(self):
-    result = self._RunTo(self.create_tempdir().full_path, 6,
-                         'task.train.one_trace_for_buckets : False\n')
-    notes = re.findall(r'\(first step of a batch of shape \((\d+, \d+)\): '
-                       r'[0-9.]+ s(.*)\)', result.stdout)
-    self.assertCountEqual(notes, [('48, 8', ', traced once'),
-                                  ('32, 12', ', traced once')])
 
 
 if __name__ == '__main__':
