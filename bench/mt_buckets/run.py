@@ -38,7 +38,8 @@ graphs included).
 The cost of one trace: in one process, one batch of each bucket, the
 step traced once for every bucket and the step traced per shape
 (task.train.one_trace_for_buckets=False) run in turn `--ab_reps` times;
-each bucket's median step of each.
+each bucket's median step of each, and the graph ops of each (the step's
+traced graph and its functions, before the runtime optimises them).
 
 Start-up (`--startup_model`, default the README's MT model,
 mt.synthetic.TransformerTinyGPipe, on its synthetic pairs): the first
@@ -201,9 +202,25 @@ def TraceAB(model: str, root: str, logdir: str, reps: int) -> dict:
         if rep:
           times.setdefault(f'{length} {name}', []).append(
               time.perf_counter() - start)
+  any_batch = next(iter(by_length.values()))
+  graphs = {name: fn.get_concrete_function(spec if name == 'once' else
+                                           any_batch).graph.as_graph_def()
+            for name, fn in steps.items()}
   return {'shapes': {str(t): list(b.src.ids.shape)
                      for t, b in by_length.items()},
-          'median': {k: float(np.median(v)) for k, v in times.items()}}
+          'median': {k: float(np.median(v)) for k, v in times.items()},
+          'graph_ops': {name: _OpCounts(g) for name, g in graphs.items()}}
+
+
+def _OpCounts(graph_def: Any) -> dict:
+  """{op type: count} over a graph and its function library."""
+  counts: dict = {}
+  nodes = list(graph_def.node)
+  for function in graph_def.library.function:
+    nodes += list(function.node_def)
+  for node in nodes:
+    counts[node.op] = counts.get(node.op, 0) + 1
+  return counts
 
 
 def Picture(runs: list) -> str:
@@ -295,6 +312,14 @@ def _Throughput(args: argparse.Namespace, tmp: str) -> None:
            for name in (' once', ' per_shape')]
   print('- a step of each bucket, summed: traced once '
         f'{total[0] / total[1]:.2f}x the time of traced per shape')
+  ops = ab['graph_ops']
+  print('- graph ops of the step (its functions included): traced once '
+        f'{sum(ops["once"].values()):,}, per shape (one shape) '
+        f'{sum(ops["per_shape"].values()):,}; of them Shape '
+        f'{ops["once"].get("Shape", 0)} and {ops["per_shape"].get("Shape", 0)}'
+        ', BroadcastGradientArgs '
+        f'{ops["once"].get("BroadcastGradientArgs", 0)} and '
+        f'{ops["per_shape"].get("BroadcastGradientArgs", 0)}')
   if args.picture:
     with open(args.picture, 'w') as f:
       f.write(Picture(runs))
