@@ -51,7 +51,6 @@ class PlanBucketsTest(absltest.TestCase):
     self.assertEqual(['(the most)' in row for row in rows],
                      [p == max(peaks) for p in peaks])
 
-
   def testAnMThatSplitsNoBucketIsOneLineBeforeMeasuring(self):
     with mock.patch.object(plan, 'ProfileAt') as profile, \
         self.assertRaisesRegex(ValueError, r'^length buckets \(bound, '
