@@ -60,8 +60,9 @@ class TransformerGPipeBase:
   # The same for evaluation and decoding, each batch at most
   # EVAL_BATCH_SIZE x MAX_LENGTH tokens; the decoder then writes up to the
   # last bound's tokens (at least MAX_LENGTH), in the split's order. Off in
-  # the registered models: each bucket is one more trace of the eval and
-  # decode steps, and one decode length serves every bucket.
+  # the registered models: each bucket is one more trace of the decode step
+  # (the eval step is traced once for all), and one decode length serves
+  # every bucket.
   EVAL_BUCKET_UPPER_BOUND: Tuple[int, ...] = ()
   # The stack's input holds the embedded sentences, made from variables:
   # its first partition makes their gradient (the planner reads this).
