@@ -308,16 +308,21 @@ def BucketReport(result: plan_search.PlanResult,
                  cores: Optional[Sequence[int]] = None) -> str:
   """Each length bucket of `pipe`'s input on `result`'s split, K, M and
   schedule (the plan is made for the bucket whose batch holds the most
-  tokens): its partitions measured at the bucket's micro-batch shape,
-  and its predicted step, bubble and busiest device's peak memory, the
-  most of any bucket marked (what the budget must hold)."""
+  tokens, its partitions measured by Refine): the other buckets'
+  partitions measured at their micro-batch shapes; each bucket's
+  predicted step, bubble and busiest device's peak memory, the most of
+  any bucket marked (what the budget must hold)."""
   m = result.num_micro_batches
+  planned = pipe.InputShapes(pipe.batch_size // m)
   rows = []
   for i, (bound, batch, _) in enumerate(pipe.buckets):
+    shapes = pipe.InputShapes(batch // m, i)
+    if result.partition_profiles and shapes == planned:
+      rows.append((bound, batch, result))  # Refine measured this one
+      continue
     with tf.device(devices_lib.DefaultDevices()[0]):
-      parts = _MeasurePartitions(
-          result, pipe.layers, pipe.InputShapes(batch // m, i),
-          pipe.optimizer, num_runs, cores, pipe.input_gradient)
+      parts = _MeasurePartitions(result, pipe.layers, shapes, pipe.optimizer,
+                                 num_runs, cores, pipe.input_gradient)
     rows.append((bound, batch, plan_search.Predicted(
         result.name, parts, batch, list(range(len(parts) + 1)), m,
         result.recompute, result.budget, result.transfer, result.layout,
