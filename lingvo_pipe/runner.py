@@ -401,7 +401,8 @@ def _Next(batches: Iterator[Any], *default: Any) -> Any:
 def _PopDropped(batch: Any) -> int:
   """Takes the input's count of dropped long pairs out of `batch` (the
   model does not see it); the count, 0 without one."""
-  dropped = batch.pop('dropped_long', None)
+  from lingvo_pipe.core import base_input_generator  # pylint: disable=g-import-not-at-top
+  dropped = batch.pop(base_input_generator.DROPPED_LONG, None)
   return 0 if dropped is None else int(max(dropped.numpy(), default=0))
 
 

@@ -145,7 +145,7 @@ def RunOne(model: str, mode: str, root: str, logdir: str, steps: int,
   seen_tokens = 0.0
   while len(timed) < steps:
     batch = next(batches)
-    batch.pop('dropped_long', None)
+    batch.pop(base_input_generator.DROPPED_LONG, None)
     shape = tuple(batch.src.ids.shape) + tuple(batch.tgt.ids.shape[1:])
     real = float(tf.reduce_sum(batch.tgt.weights))
     start = time.perf_counter()
@@ -191,7 +191,7 @@ def TraceAB(model: str, root: str, logdir: str, reps: int) -> dict:
            'per_shape': tf.function(task.TrainStep, autograph=False)}
   by_length = {}
   for batch in dataset.take(500):
-    batch.pop('dropped_long', None)
+    batch.pop(base_input_generator.DROPPED_LONG, None)
     by_length.setdefault(int(batch.src.ids.shape[1]), batch)
   times = {}
   for rep in range(reps + 1):  # the first round traces, not timed

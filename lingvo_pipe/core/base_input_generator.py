@@ -348,6 +348,8 @@ class BaseInputGenerator:
 # bucket (MTInput's long_sentences='error'); the trainer finds the message
 # by it and shows that alone.
 LONG_PAIR_ERROR = 'is longer than the last length bucket'
+# The batch key of the count of long pairs dropped so far (not the model's).
+DROPPED_LONG = 'dropped_long'
 
 
 def Buckets(p: hyperparams.Params) -> List[Tuple[int, int]]:
@@ -377,7 +379,7 @@ def StepSpec(p: hyperparams.Params, dataset: tf.data.Dataset
   if not Buckets(p):
     return None
   spec = dataset.element_spec
-  return type(spec)((k, v) for k, v in spec.items() if k != 'dropped_long')
+  return type(spec)((k, v) for k, v in spec.items() if k != DROPPED_LONG)
 
 
 def _ToNestedMap(value: Any) -> Any:

@@ -259,7 +259,8 @@ class MTInput(base_input_generator.BaseInputGenerator):
         with tf.control_dependencies([check]):
           long = tf.identity(long)
       dropped += tf.cast(long, tf.int64)
-      out = NestedMap(ex, dropped_long=dropped, long=long)
+      out = NestedMap(ex, long=long)
+      out[base_input_generator.DROPPED_LONG] = dropped
       return dropped, out
 
     # The count is scan state: an iterator's checkpoint holds it.
