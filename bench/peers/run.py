@@ -19,6 +19,11 @@ timed processes at once):
   to its core, one thread each, and SGD on each rank; K=1: one process
   on core 0. Recompute 'always' is torch.utils.checkpoint around each
   layer.
+- one core (bench/peers/one_core.py, pinned to core 0, after the
+  repeats): the whole batch's step against the same layers on M
+  micro-batches in a plain loop, our K=1 pipeline, and summing the M
+  gradients alone, for each M of --ms above 1: what micro-batching costs
+  with these kernels before any hand-off.
 
 --repeats: torch's configurations, then ours, then torch's again and so
 on, each time --rounds timed steps a configuration; a row's median is
@@ -61,6 +66,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench.common import stack as stack_lib  # noqa: E402
+from bench.peers import one_core  # noqa: E402
 from bench.scaling import pipeline as scaling  # noqa: E402
 from lingvo_pipe.core import local_workers  # noqa: E402
 
@@ -366,7 +372,8 @@ def _Main(argv: Sequence[str]) -> None:
     with open(args.tables_from) as f:
       raw = json.load(f)
     print(raw['header'], flush=True)
-    _PrintTables(raw['ours'], raw['torch'], raw['reference'])
+    _PrintTables(raw['ours'], raw['torch'], raw['reference'],
+                 raw.get('one_core'))
     return
   version = TorchVersion(args.torch_python)
   if version is None:
@@ -386,22 +393,27 @@ def _Main(argv: Sequence[str]) -> None:
       print(f'repeat {repeat + 1} of {args.repeats}', flush=True)
       Merge(theirs, RunAllTorch(weights, modes, ms, args))
       Merge(ours, RunOurs(stack, modes, ms, args))
+  print('one core: the micro-batches before any hand-off', flush=True)
+  single = one_core.Run([m for m in ms if m > 1], args.rounds, args.timeout)
   raw = {'header': header, 'reference': reference, 'torch': theirs,
-         'ours': ours}
+         'ours': ours, 'one_core': single}
   if args.json_out:
     with open(args.json_out, 'w') as f:
       json.dump(raw, f)
-  _PrintTables(ours, theirs, reference)
+  _PrintTables(ours, theirs, reference, single)
 
 
 def _PrintTables(ours: Dict[str, dict], theirs: Dict[str, dict],
-                 reference: Dict[str, float]) -> None:
+                 reference: Dict[str, float],
+                 single: Optional[Dict[str, list]]) -> None:
   modes = [m for m in ('never', 'always')
            if any(r.get('recompute') == m for r in theirs.values())]
   print('\n' + '\n'.join(sum((Table(mode, ours, theirs, reference) + ['']
                               for mode in modes),
                              [f'{stack_lib.Stack().Describe()}', ''])),
         flush=True)
+  if single:
+    print('\n'.join(one_core.Table(single)), flush=True)
 
 
 if __name__ == '__main__':
