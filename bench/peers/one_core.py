@@ -30,7 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -83,15 +83,27 @@ def Measure(stack: stack_lib.Stack, ms: Sequence[int], warmup: int,
   return times
 
 
-def Run(ms: Sequence[int], rounds: int, timeout: float) -> Dict[str, list]:
-  """This module in a child pinned to core 0 (when taskset is there)."""
+def Run(ms: Sequence[int], rounds: int, timeout: float
+        ) -> Optional[Dict[str, list]]:
+  """This module in a child pinned to core 0 (when taskset is there); None
+  (and one line saying why) if it fails, so that a caller keeps what it
+  measured before."""
   command = [sys.executable, '-m', 'bench.peers.one_core',
              '--ms=' + ','.join(map(str, ms)), f'--rounds={rounds}']
   if shutil.which('taskset'):
     command = ['taskset', '-c', '0'] + command
-  out = subprocess.run(command, capture_output=True, text=True, check=True,
-                       timeout=timeout)
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  try:
+    out = subprocess.run(command, capture_output=True, text=True,
+                         check=True, timeout=timeout)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+  except subprocess.TimeoutExpired:
+    print(f'one core: took over {timeout:.0f} s (--timeout); left out',
+          flush=True)
+  except subprocess.CalledProcessError as e:
+    last = (e.stderr.strip().splitlines() or ['(no output)'])[-1]
+    print(f'one core: exited with {e.returncode} ({last}); left out',
+          flush=True)
+  return None
 
 
 def Table(times: Dict[str, List[float]]) -> List[str]:
