@@ -107,8 +107,8 @@ def Run(ms: Sequence[int], rounds: int, timeout: float
 
 
 def Table(times: Dict[str, List[float]]) -> List[str]:
-  """Each label's median against the whole batch's, and the lines that
-  say what a worker's CPU share can come to at each M."""
+  """The table of each M: the loop's, the pipeline's and the gradient
+  sums' medians, each also as a multiple of the whole batch's."""
   med = {label: statistics.median(t) for label, t in times.items()}
   rows = ['### One core, before any hand-off (one_core.py)', '',
           '| M | one batch s | plain loop s (x batch) | our pipeline K=1 s '
